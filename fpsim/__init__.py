@@ -1,0 +1,79 @@
+"""fpsim: bit-exact floating-point precision simulator and teaching library.
+
+>>> import fpsim
+>>> float(fpsim.round(3.14159, "bf16"))
+3.140625
+"""
+
+from __future__ import annotations
+
+from .bits import bits_str, code_dtype, from_bits, ml_dtype, to_bits, to_ml_dtypes
+from .formats import (
+    Format,
+    NaNEncoding,
+    all_formats,
+    as_format,
+    bf16,
+    e8m0,
+    format_names,
+    fp4_e2m1,
+    fp6_e2m3,
+    fp6_e3m2,
+    fp8_e3m4,
+    fp8_e4m3,
+    fp8_e4m3_ieee,
+    fp8_e4m3b11fnuz,
+    fp8_e4m3fnuz,
+    fp8_e5m2,
+    fp8_e5m2fnuz,
+    fp16,
+    fp32,
+    fp64,
+    register,
+    tf32,
+)
+from .rounding import Overflow, Rounding, RoundingReport, analyze, as_overflow, as_rounding, round
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    # formats
+    "Format",
+    "NaNEncoding",
+    "all_formats",
+    "as_format",
+    "format_names",
+    "register",
+    "fp64",
+    "fp32",
+    "tf32",
+    "fp16",
+    "bf16",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "fp8_e4m3fnuz",
+    "fp8_e5m2fnuz",
+    "fp6_e2m3",
+    "fp6_e3m2",
+    "fp4_e2m1",
+    "e8m0",
+    "fp8_e4m3_ieee",
+    "fp8_e3m4",
+    "fp8_e4m3b11fnuz",
+    # rounding
+    "Rounding",
+    "Overflow",
+    "round",
+    "as_rounding",
+    "as_overflow",
+    "analyze",
+    "RoundingReport",
+    # bits
+    "to_bits",
+    "from_bits",
+    "bits_str",
+    "to_ml_dtypes",
+    "ml_dtype",
+    "code_dtype",
+]

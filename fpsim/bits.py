@@ -1,0 +1,193 @@
+"""Bit patterns: encode rounded values into a format's codes and decode codes back to values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .formats import Format, FormatLike, NaNEncoding, as_format
+from .rounding import Overflow, RoundingLike, _as_float_array, round
+
+__all__ = ["to_bits", "from_bits", "bits_str", "to_ml_dtypes", "code_dtype"]
+
+
+def code_dtype(fmt: FormatLike) -> type:
+    """The smallest unsigned integer dtype that holds the format's codes."""
+    w = as_format(fmt).width
+    return np.uint8 if w <= 8 else np.uint16 if w <= 16 else np.uint32 if w <= 32 else np.uint64
+
+
+def _encode(v: np.ndarray, f: Format) -> np.ndarray:
+    """Codes of values ``v`` (float64, already representable in ``f``)."""
+    ct = code_dtype(f)
+    v = np.asarray(v, dtype=np.float64)
+    nan = np.isnan(v)
+    if np.any(nan) and f.nan_code is None:
+        raise ValueError(f"{f.name} has no NaN encoding; input holds NaN")
+    neg = np.signbit(v) & ~nan
+    a = np.abs(v)
+    inf = np.isinf(a)
+    if np.any(inf) and not f.has_inf:
+        raise ValueError(f"{f.name} has no infinity; input holds ±inf")
+    fin = ~(nan | inf)
+    code = np.zeros(v.shape, dtype=np.uint64)
+    m, e = np.frexp(a)  # a = m * 2**e, m in [0.5, 1)
+    e = e.astype(np.int64) - 1  # a = (2m) * 2**e
+    normal = fin & (a >= f.min_normal)
+    ef = np.where(normal, e + f.bias - (0 if f.has_zero else 0), 0)
+    frac = np.where(normal, np.ldexp(2 * m - 1, f.mbits), np.ldexp(a, f.mbits - f.emin))
+    frac = np.where(fin, frac, 0)
+    if np.any(fin & (frac != np.floor(frac))):
+        bad = v[fin & (frac != np.floor(frac))].ravel()[0]
+        raise ValueError(f"value {bad!r} is not representable in {f.name}; round it first")
+    if not f.has_zero:
+        ef = np.where(normal, e + f.bias, 0)
+    code[fin] = (ef[fin].astype(np.uint64) << np.uint64(f.mbits)) | frac[fin].astype(np.uint64)
+    top = np.uint64((1 << f.ebits) - 1)
+    code[inf] = top << np.uint64(f.mbits)
+    if f.signed:
+        sbit = np.uint64(1) << np.uint64(f.width - 1)
+        keep_sign = neg & (f.signed_zero | (a != 0))
+        code = np.where(keep_sign, code | sbit, code)
+    elif np.any(neg & (a != 0)):
+        raise ValueError(f"{f.name} is unsigned; input holds a negative value")
+    if f.nan_code is not None:
+        code[nan] = f.nan_code
+    return code.astype(ct)
+
+
+def to_bits(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, overflow: Overflow | str = "ieee",
+            subnormals: bool = True, rng: np.random.Generator | None = None, sr_bits: int | None = None) -> Any:
+    """Round ``x`` into ``fmt`` and return the bit patterns (uint8/uint16/uint32/uint64).
+
+    NaN results get the format's canonical NaN code (sign clear); a format without NaN raises
+    ``ValueError`` for NaN input.
+
+    >>> import fpsim
+    >>> hex(fpsim.to_bits(1.0, "bf16")), hex(fpsim.to_bits(-2.0, "fp8_e4m3"))
+    ('0x3f80', '0xc0')
+    """
+    f = as_format(fmt)
+    r = round(x, f, rounding, overflow=overflow, subnormals=subnormals, rng=rng, sr_bits=sr_bits)
+    out = _encode(np.asarray(r, dtype=np.float64), f)
+    return out[()] if out.ndim == 0 else out
+
+
+def from_bits(codes: Any, fmt: FormatLike) -> Any:
+    """Decode bit patterns of ``fmt`` into float64 values (exact).
+
+    >>> import fpsim
+    >>> float(fpsim.from_bits(0x7E, "fp8_e4m3")), float(fpsim.from_bits(0x7F, "fp8_e4m3"))
+    (448.0, nan)
+    """
+    f = as_format(fmt)
+    c = np.asarray(codes)
+    if c.dtype.kind not in "iu":
+        raise TypeError(f"codes must be integers, got dtype {c.dtype}")
+    if c.size and (np.any(c < 0) or np.any(c.astype(np.uint64) >= np.uint64(1) << np.uint64(f.width))):
+        bad = c[(c < 0) | (c.astype(np.uint64) >= (np.uint64(1) << np.uint64(f.width)))].ravel()[0]
+        raise ValueError(f"code {int(bad)} does not fit in {f.name}'s {f.width} bits")
+    c = c.astype(np.uint64)
+    mb = np.uint64(f.mbits)
+    mant = (c & ((np.uint64(1) << mb) - np.uint64(1))).astype(np.float64)
+    ef = ((c >> mb) & np.uint64((1 << f.ebits) - 1)).astype(np.int64)
+    neg = ((c >> np.uint64(f.width - 1)) & np.uint64(1)).astype(bool) if f.signed else np.zeros(c.shape, bool)
+    if f.has_zero:
+        sub = ef == 0
+        mag = np.where(
+            sub,
+            np.ldexp(mant, f.emin - f.mbits) if f.subnormals else 0.0,
+            np.ldexp(1.0 + np.ldexp(mant, -f.mbits), (ef - f.bias).astype(np.int32)),
+        )
+    else:
+        mag = np.ldexp(1.0 + np.ldexp(mant, -f.mbits), (ef - f.bias).astype(np.int32))
+    top = (1 << f.ebits) - 1
+    if f.has_inf:
+        mag = np.where((ef == top) & (mant == 0), np.inf, mag)
+    if f.nan is NaNEncoding.IEEE:
+        mag = np.where((ef == top) & (mant != 0), np.nan, mag)
+    elif f.nan is NaNEncoding.ALL_ONES:
+        mag = np.where((ef == top) & (mant == (1 << f.mbits) - 1), np.nan, mag)
+    v = np.where(neg, -mag, mag)
+    if f.nan is NaNEncoding.NEG_ZERO:
+        v = np.where(c == np.uint64(f.nan_code), np.nan, v)
+    v = np.asarray(v, dtype=np.float64)
+    return v[()] if v.ndim == 0 else v
+
+
+def bits_str(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, sep: str = " ") -> Any:
+    """The sign, exponent and mantissa fields of ``x`` rounded into ``fmt``, as strings.
+
+    >>> import fpsim
+    >>> fpsim.bits_str(1.0, "bf16")
+    '0 01111111 0000000'
+    """
+    f = as_format(fmt)
+    codes = np.asarray(to_bits(x, f, rounding))
+
+    def one(c: int) -> str:
+        s = format(int(c), f"0{f.width}b")
+        parts = []
+        i = 0
+        if f.signed:
+            parts.append(s[0])
+            i = 1
+        parts.append(s[i : i + f.ebits])
+        if f.mbits:
+            parts.append(s[i + f.ebits :])
+        return sep.join(parts)
+
+    if codes.ndim == 0:
+        return one(int(codes))
+    return np.array([one(int(c)) for c in codes.ravel()], dtype=object).reshape(codes.shape)
+
+
+_ML_NAMES = {
+    "fp64": "float64",
+    "fp32": "float32",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    "fp8_e4m3": "float8_e4m3fn",
+    "fp8_e5m2": "float8_e5m2",
+    "fp8_e4m3fnuz": "float8_e4m3fnuz",
+    "fp8_e5m2fnuz": "float8_e5m2fnuz",
+    "fp6_e2m3": "float6_e2m3fn",
+    "fp6_e3m2": "float6_e3m2fn",
+    "fp4_e2m1": "float4_e2m1fn",
+    "e8m0": "float8_e8m0fnu",
+    "fp8_e4m3_ieee": "float8_e4m3",
+    "fp8_e3m4": "float8_e3m4",
+    "fp8_e4m3b11fnuz": "float8_e4m3b11fnuz",
+}
+
+
+def ml_dtype(fmt: FormatLike) -> np.dtype:
+    """The NumPy or ml_dtypes dtype storing ``fmt`` (``ValueError`` for formats with none, e.g. tf32)."""
+    f = as_format(fmt)
+    name = _ML_NAMES.get(f.name)
+    if name is None:
+        raise ValueError(f"{f.name} has no NumPy/ml_dtypes storage type; formats that do: {', '.join(_ML_NAMES)}")
+    if hasattr(np, name) and name.startswith("float") and name in ("float64", "float32", "float16"):
+        return np.dtype(getattr(np, name))
+    import ml_dtypes
+
+    return np.dtype(getattr(ml_dtypes, name))
+
+
+def to_ml_dtypes(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, overflow: Overflow | str = "ieee",
+                 subnormals: bool = True, rng: np.random.Generator | None = None, sr_bits: int | None = None) -> np.ndarray:
+    """Round ``x`` with fpsim (once, from the exact value) and store it in the ml_dtypes/NumPy dtype of ``fmt``.
+
+    >>> import fpsim
+    >>> fpsim.to_ml_dtypes([1.0, 3.14159], "bf16")
+    array([1, 3.14062], dtype=bfloat16)
+    """
+    f = as_format(fmt)
+    dt = ml_dtype(f)
+    codes = np.asarray(to_bits(x, f, rounding, overflow=overflow, subnormals=subnormals, rng=rng, sr_bits=sr_bits))
+    storage = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[dt.itemsize]
+    return codes.astype(storage).view(dt)
+
+
+_ = _as_float_array  # re-exported for the arithmetic layer

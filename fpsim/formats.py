@@ -1,0 +1,441 @@
+"""Floating-point formats: the `Format` dataclass and the registry of named formats.
+
+Every limit is derived from a handful of defining fields (exponent bits, mantissa bits, bias and the
+special-value flags), never tabulated by hand. Formats are parsed once at the API edge with
+:func:`as_format`; code below the edge works with `Format` objects and their capability flags.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import numpy as np
+
+__all__ = [
+    "NaNEncoding",
+    "Format",
+    "FormatLike",
+    "as_format",
+    "register",
+    "format_names",
+    "all_formats",
+    "fp64",
+    "fp32",
+    "tf32",
+    "fp16",
+    "bf16",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "fp8_e4m3fnuz",
+    "fp8_e5m2fnuz",
+    "fp6_e2m3",
+    "fp6_e3m2",
+    "fp4_e2m1",
+    "e8m0",
+]
+
+
+class NaNEncoding(str, enum.Enum):
+    """How a format encodes NaN.
+
+    ``IEEE``: every pattern with an all-ones exponent and a nonzero mantissa (fp16, bf16, fp8_e5m2).
+    ``ALL_ONES``: only the all-ones exponent-and-mantissa pattern of each sign (OCP fp8_e4m3, e8m0).
+    ``NEG_ZERO``: the single pattern that would be −0 (the *fnuz* formats, which have no −0).
+    ``NONE``: no NaN at all (the OCP MX fp6 and fp4 element formats).
+    """
+
+    IEEE = "ieee"
+    ALL_ONES = "all_ones"
+    NEG_ZERO = "neg_zero"
+    NONE = "none"
+
+
+def _pow2(e: int) -> float:
+    return math.ldexp(1.0, e)
+
+
+@dataclass(frozen=True)
+class Format:
+    """A binary floating-point format, defined by its bit layout and special-value rules.
+
+    Parameters
+    ----------
+    name : str
+        Registry name (``"bf16"``) or a descriptive name for a custom format.
+    ebits, mbits : int
+        Exponent and stored mantissa (fraction) bits. The precision is ``p = mbits + 1``.
+    bias : int, optional
+        Exponent bias; defaults to ``2**(ebits-1) - 1``.
+    has_inf : bool
+        Whether the all-ones exponent with a zero mantissa encodes ±infinity.
+    nan : NaNEncoding or str
+        How NaN is encoded (see :class:`NaNEncoding`).
+    signed_zero : bool
+        Whether −0 exists (False for the fnuz formats: −0 becomes +0).
+    subnormals : bool
+        Whether the format has subnormal numbers (gradual underflow).
+    signed : bool
+        Whether there is a sign bit (False for the e8m0 scale format).
+    has_zero : bool
+        Whether zero is representable. When False (e8m0), the all-zeros exponent encodes the
+        smallest normal power of two ``2**-bias``.
+
+    Examples
+    --------
+    >>> import fpsim
+    >>> fpsim.bf16.max
+    3.3895313892515355e+38
+    >>> fpsim.fp8_e4m3.max, fpsim.fp8_e4m3.min_subnormal
+    (448.0, 0.001953125)
+    >>> e5m7 = fpsim.Format("e5m7", ebits=5, mbits=7)   # a custom IEEE-style format
+    >>> e5m7.eps, e5m7.width
+    (0.0078125, 13)
+    """
+
+    name: str
+    ebits: int
+    mbits: int
+    bias: int | None = None
+    has_inf: bool = True
+    nan: NaNEncoding = NaNEncoding.IEEE
+    signed_zero: bool = True
+    subnormals: bool = True
+    signed: bool = True
+    has_zero: bool = True
+    aliases: tuple[str, ...] = field(default=(), compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for attr in ("ebits", "mbits"):
+            v = getattr(self, attr)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+                raise TypeError(f"Format.{attr} must be an int, got {v!r}")
+        if not 1 <= self.ebits <= 11:
+            raise ValueError(f"Format.ebits must be in 1..11, got {self.ebits}")
+        if not 0 <= self.mbits <= 52:
+            raise ValueError(f"Format.mbits must be in 0..52, got {self.mbits}")
+        try:
+            nan = NaNEncoding(self.nan)
+        except ValueError:
+            valid = ", ".join(repr(e.value) for e in NaNEncoding)
+            raise ValueError(f"unknown NaN encoding {self.nan!r}; valid: {valid}") from None
+        object.__setattr__(self, "nan", nan)
+        if self.bias is None:
+            object.__setattr__(self, "bias", (1 << (self.ebits - 1)) - 1)
+        if nan is NaNEncoding.NEG_ZERO and self.signed_zero:
+            object.__setattr__(self, "signed_zero", False)
+        if nan is NaNEncoding.NEG_ZERO and not self.signed:
+            raise ValueError("a NEG_ZERO NaN encoding needs a sign bit")
+        if self.has_inf and nan in (NaNEncoding.ALL_ONES, NaNEncoding.NEG_ZERO):
+            raise ValueError(f"infinity together with NaN encoding {nan.value!r} is not supported")
+        if self.has_inf and self.mbits == 0 and nan is NaNEncoding.IEEE:
+            raise ValueError("an IEEE NaN encoding needs at least one mantissa bit")
+        if self.emax < self.emin:
+            raise ValueError(f"format {self.name!r} has no finite normal exponent")
+        # Every value must be a float64: that is the carrier all computations rely on.
+        if self.emin < -1022 or self.emax > 1023:
+            raise ValueError(
+                f"format {self.name!r} has a range beyond float64 (emin={self.emin}, emax={self.emax})"
+            )
+
+    # -- derived limits -------------------------------------------------------------------------
+    @property
+    def p(self) -> int:
+        """Precision in bits, including the implicit leading bit."""
+        return self.mbits + 1
+
+    @property
+    def width(self) -> int:
+        """Total storage width in bits."""
+        return int(self.signed) + self.ebits + self.mbits
+
+    @property
+    def _top_field(self) -> int:
+        """Largest exponent field that encodes finite numbers."""
+        top = (1 << self.ebits) - 1
+        if self.has_inf or self.nan is NaNEncoding.IEEE:
+            return top - 1
+        if self.nan is NaNEncoding.ALL_ONES and self.mbits == 0:
+            return top - 1
+        return top
+
+    @property
+    def emin(self) -> int:
+        """Exponent of the smallest normal number."""
+        assert self.bias is not None
+        return (1 if self.has_zero else 0) - self.bias
+
+    @property
+    def emax(self) -> int:
+        """Exponent of the largest finite number."""
+        assert self.bias is not None
+        return self._top_field - self.bias
+
+    @property
+    def max_mantissa(self) -> int:
+        """Largest stored mantissa in the top binade (one less where the all-ones pattern is NaN)."""
+        full = (1 << self.mbits) - 1
+        if self.nan is NaNEncoding.ALL_ONES and self.mbits > 0 and not self.has_inf:
+            if self._top_field == (1 << self.ebits) - 1:
+                return full - 1
+        return full
+
+    @property
+    def max(self) -> float:
+        """Largest finite value."""
+        return math.ldexp(1.0 + self.max_mantissa / (1 << self.mbits), self.emax)
+
+    @property
+    def min_normal(self) -> float:
+        """Smallest positive normal value, ``2**emin``."""
+        return _pow2(self.emin)
+
+    @property
+    def min_subnormal(self) -> float:
+        """Smallest positive value (equal to ``min_normal`` without subnormals)."""
+        return _pow2(self.emin - self.mbits) if self.subnormals else self.min_normal
+
+    @property
+    def eps(self) -> float:
+        """Machine epsilon: the gap between 1 and the next larger value, ``2**-mbits``."""
+        return _pow2(-self.mbits)
+
+    @property
+    def has_nan(self) -> bool:
+        return self.nan is not NaNEncoding.NONE
+
+    @property
+    def fits_float32(self) -> bool:
+        """True when every value of the format is a float32 (results may then travel as float32)."""
+        return self.emax <= 127 and self.emin - (self.mbits if self.subnormals else 0) >= -149 and self.p <= 24
+
+    # -- bit-level constants used by bits.py ----------------------------------------------------
+    @property
+    def nan_code(self) -> int | None:
+        """The canonical NaN bit pattern, or None when the format has no NaN."""
+        top = (1 << self.ebits) - 1
+        if self.nan is NaNEncoding.IEEE:
+            return (top << self.mbits) | (1 << (self.mbits - 1))
+        if self.nan is NaNEncoding.ALL_ONES:
+            return (top << self.mbits) | ((1 << self.mbits) - 1)
+        if self.nan is NaNEncoding.NEG_ZERO:
+            return 1 << (self.width - 1)
+        return None
+
+    # -- enumeration and neighbours -------------------------------------------------------------
+    def values(self, *, finite: bool = True) -> np.ndarray:
+        """Every distinct value of the format in ascending order (formats of up to 16 bits).
+
+        ``-0`` is folded into ``0``; with ``finite=False`` the infinities are included too.
+
+        >>> import fpsim
+        >>> fpsim.fp4_e2m1.values()
+        array([-6. , -4. , -3. , -2. , -1.5, -1. , -0.5,  0. ,  0.5,  1. ,  1.5,  2. ,  3. ,  4. ,
+                6. ])
+        """
+        if self.width > 16:
+            raise ValueError(f"values() enumerates formats of up to 16 bits; {self.name} has {self.width}")
+        from .bits import from_bits
+
+        v = from_bits(np.arange(1 << self.width, dtype=np.uint32), self)
+        v = v[~np.isnan(v)]
+        if finite:
+            v = v[np.isfinite(v)]
+        return np.unique(v + 0.0)  # +0.0 folds -0 into 0
+
+    def ulp(self, x: Any) -> Any:
+        """Spacing of the format at ``x``: ``2**(max(floor(log2|x|), emin) - mbits)``.
+
+        >>> import fpsim
+        >>> float(fpsim.bf16.ulp(1.0)), float(fpsim.fp16.ulp(0.0))
+        (0.0078125, 5.960464477539063e-08)
+        """
+        a = np.abs(np.asarray(x, dtype=np.float64))
+        with np.errstate(divide="ignore"):
+            e = np.where(a > 0, np.frexp(a)[1] - 1, self.emin)
+        e = np.clip(e, self.emin, self.emax)
+        out = np.ldexp(1.0, (e - self.mbits).astype(np.int32))
+        if not self.subnormals:
+            out = np.where(np.abs(np.asarray(x, dtype=np.float64)) < self.min_normal, self.min_normal, out)
+        return out[()] if out.ndim == 0 else out
+
+    def next_up(self, x: Any) -> Any:
+        """The smallest value of the format greater than ``x`` (``+inf``/NaN past the maximum)."""
+        from .rounding import round as _round
+
+        xa = np.asarray(x, dtype=np.float64)
+        r = np.asarray(_round(xa, self, "rup"), dtype=np.float64)
+        same = r == xa
+        if np.any(same):
+            step = np.where(
+                r[same] >= 0,
+                self.ulp(r[same]),
+                self._ulp_below(np.abs(r[same])),
+            )
+            bumped = np.asarray(_round(r[same] + step, self, "rne"), dtype=np.float64)
+            r = r.copy()
+            r[same] = np.where(r[same] == 0, self.min_subnormal, bumped)
+        return r[()] if r.ndim == 0 else r
+
+    def next_down(self, x: Any) -> Any:
+        """The largest value of the format less than ``x``."""
+        r = -np.asarray(self.next_up(-np.asarray(x, dtype=np.float64)), dtype=np.float64)
+        if not self.signed_zero:
+            r = r + 0.0
+        return r[()] if r.ndim == 0 else r
+
+    def _ulp_below(self, a: np.ndarray) -> np.ndarray:
+        """Gap between positive representable ``a`` and its lower neighbour."""
+        m, e = np.frexp(a)
+        is_pow2 = (m == 0.5) & (e - 1 > self.emin)
+        u = np.asarray(self.ulp(a), dtype=np.float64)
+        return np.where(is_pow2, u / 2, u)
+
+    # -- display --------------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """The format's defining fields and derived limits, as a dict (for tables and JSON)."""
+        inf = "±inf" if self.has_inf else "none"
+        code = f"0x{self.nan_code:X}" if self.nan_code is not None else ""
+        nan = {
+            NaNEncoding.IEEE: "exp all ones, mantissa ≠ 0",
+            NaNEncoding.ALL_ONES: f"{code} (all ones)" + (" and its negative" if self.signed else ""),
+            NaNEncoding.NEG_ZERO: f"{code} (the −0 pattern)",
+            NaNEncoding.NONE: "none",
+        }[self.nan]
+        return {
+            "name": self.name,
+            "bits": self.width,
+            "layout": f"{'1' if self.signed else '0'}-{self.ebits}-{self.mbits}",
+            "bias": self.bias,
+            "p": self.p,
+            "emin": self.emin,
+            "emax": self.emax,
+            "max": self.max,
+            "min_normal": self.min_normal,
+            "min_subnormal": self.min_subnormal if self.subnormals else None,
+            "eps": self.eps,
+            "inf": inf,
+            "nan": nan,
+        }
+
+    def __str__(self) -> str:
+        return self.name
+
+    def _repr_html_(self) -> str:
+        d = self.describe()
+        cells = []
+        if self.signed:
+            cells.append('<td style="background:#e69f00;padding:2px 6px">S</td>')
+        cells.append(
+            f'<td colspan="{self.ebits}" style="background:#56b4e9;padding:2px 6px">exponent ({self.ebits})</td>'
+        )
+        if self.mbits:
+            cells.append(
+                f'<td colspan="{self.mbits}" style="background:#009e73;padding:2px 6px">'
+                f"mantissa ({self.mbits})</td>"
+            )
+        rows = "".join(f"<tr><th style='text-align:left'>{k}</th><td>{v}</td></tr>" for k, v in d.items())
+        return (
+            f"<div><b>fpsim.Format {self.name}</b><table><tr>{''.join(cells)}</tr></table>"
+            f"<table>{rows}</table></div>"
+        )
+
+
+FormatLike = Union[Format, str, np.dtype, type]
+
+_REGISTRY: dict[str, Format] = {}
+_ALIASES: dict[str, str] = {}
+
+
+def register(fmt: Format) -> Format:
+    """Add a format (and its aliases) to the registry so that names resolve to it."""
+    if not isinstance(fmt, Format):
+        raise TypeError(f"register() takes a Format, got {type(fmt).__name__}")
+    for key in (fmt.name, *fmt.aliases):
+        k = key.lower()
+        owner = _ALIASES.get(k)
+        if owner is not None and owner != fmt.name:
+            raise ValueError(f"name {key!r} already names format {owner!r}")
+    _REGISTRY[fmt.name] = fmt
+    for key in (fmt.name, *fmt.aliases):
+        _ALIASES[key.lower()] = fmt.name
+    return fmt
+
+
+def format_names() -> list[str]:
+    """The registered format names (not aliases), in registration order."""
+    return list(_REGISTRY)
+
+
+def all_formats() -> list[Format]:
+    """The registered formats, in registration order."""
+    return list(_REGISTRY.values())
+
+
+def as_format(fmt: FormatLike) -> Format:
+    """Parse a format argument: a `Format`, a registry name or alias, or a NumPy/ml_dtypes dtype.
+
+    >>> import fpsim
+    >>> fpsim.as_format("bfloat16") is fpsim.bf16
+    True
+    """
+    if isinstance(fmt, Format):
+        return fmt
+    if isinstance(fmt, str):
+        name = _ALIASES.get(fmt.strip().lower())
+        if name is None:
+            raise ValueError(f"unknown format {fmt!r}; valid names: {', '.join(format_names())}")
+        return _REGISTRY[name]
+    if isinstance(fmt, (np.dtype, type)):
+        try:
+            dt = np.dtype(fmt)
+        except TypeError:
+            raise TypeError(f"cannot interpret {fmt!r} as a format") from None
+        name = _ALIASES.get(dt.name.lower())
+        if name is None:
+            raise ValueError(f"dtype {dt.name!r} has no fpsim format; valid names: {', '.join(format_names())}")
+        return _REGISTRY[name]
+    raise TypeError(f"a format must be a Format, a name or a dtype, got {type(fmt).__name__}: {fmt!r}")
+
+
+_N = NaNEncoding
+fp64 = register(Format("fp64", 11, 52, aliases=("float64", "binary64", "double")))
+fp32 = register(Format("fp32", 8, 23, aliases=("float32", "binary32", "single")))
+tf32 = register(Format("tf32", 8, 10, aliases=("tensorfloat32",)))
+fp16 = register(Format("fp16", 5, 10, aliases=("float16", "binary16", "half")))
+bf16 = register(Format("bf16", 8, 7, aliases=("bfloat16",)))
+fp8_e4m3 = register(
+    Format("fp8_e4m3", 4, 3, has_inf=False, nan=_N.ALL_ONES, aliases=("float8_e4m3fn", "e4m3", "fp8_e4m3fn"))
+)
+fp8_e5m2 = register(Format("fp8_e5m2", 5, 2, aliases=("float8_e5m2", "e5m2")))
+fp8_e4m3fnuz = register(
+    Format("fp8_e4m3fnuz", 4, 3, bias=8, has_inf=False, nan=_N.NEG_ZERO, aliases=("float8_e4m3fnuz",))
+)
+fp8_e5m2fnuz = register(
+    Format("fp8_e5m2fnuz", 5, 2, bias=16, has_inf=False, nan=_N.NEG_ZERO, aliases=("float8_e5m2fnuz",))
+)
+fp6_e2m3 = register(Format("fp6_e2m3", 2, 3, has_inf=False, nan=_N.NONE, aliases=("float6_e2m3fn", "e2m3")))
+fp6_e3m2 = register(Format("fp6_e3m2", 3, 2, has_inf=False, nan=_N.NONE, aliases=("float6_e3m2fn", "e3m2")))
+fp4_e2m1 = register(Format("fp4_e2m1", 2, 1, has_inf=False, nan=_N.NONE, aliases=("float4_e2m1fn", "e2m1")))
+e8m0 = register(
+    Format(
+        "e8m0",
+        8,
+        0,
+        has_inf=False,
+        nan=_N.ALL_ONES,
+        subnormals=False,
+        signed=False,
+        has_zero=False,
+        aliases=("float8_e8m0fnu", "e8m0fnu", "fp8_e8m0"),
+    )
+)
+# ml_dtypes' other 8-bit formats, so that every ml_dtypes type has an fpsim twin.
+fp8_e4m3_ieee = register(Format("fp8_e4m3_ieee", 4, 3, aliases=("float8_e4m3",)))
+fp8_e3m4 = register(Format("fp8_e3m4", 3, 4, aliases=("float8_e3m4",)))
+fp8_e4m3b11fnuz = register(
+    Format("fp8_e4m3b11fnuz", 4, 3, bias=11, has_inf=False, nan=_N.NEG_ZERO, aliases=("float8_e4m3b11fnuz",))
+)
+del _N
