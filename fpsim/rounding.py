@@ -288,11 +288,7 @@ def _kernel(bits: np.ndarray, pl: _Plan, rng: np.random.Generator | None) -> np.
     rand = None
     if pl.mode is Rounding.SR:
         assert rng is not None
-        n = u.size
-        if c.W == 64:
-            rand = rng.bit_generator.random_raw(n).astype(np.uint64, copy=False)
-        else:
-            rand = rng.bit_generator.random_raw((n + 1) // 2).view(np.uint32)[:n]
+        rand = _random_words(rng, u.size, c)
     if pl.d0 >= 1:
         r = _round_mag(u, neg, pl.d0, pl, rand)
     else:
@@ -370,10 +366,49 @@ def _as_float_array(x: Any, name: str = "x") -> tuple[np.ndarray, bool]:
     raise TypeError(f"{name} must be a real number or array of them, got dtype {a.dtype}")
 
 
+try:  # the C kernel (built at install time); the NumPy kernel above is the reference and fallback
+    from . import _ckernel  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - exercised where no compiler was available
+    _ckernel = None
+
+_MODE_CODE = {m: i for i, m in enumerate([Rounding.RNE, Rounding.RNA, Rounding.RTZ, Rounding.RUP, Rounding.RDN,
+                                          Rounding.RTO, Rounding.SR])}
+
+
+def _c_params(pl: _Plan) -> tuple[Any, ...]:
+    f = pl.fmt
+    q = float(np.ldexp(1.0, f.emin - f.mbits))
+    with np.errstate(under="ignore", over="ignore"):
+        hq = pl.c.bits_of(q / 2)
+    return (
+        pl.c.M, pl.c.B, pl.c.W, pl.d0, int(pl.need_tiny), f.emin - f.mbits, _MODE_CODE[pl.mode],
+        int(pl.overflow is Overflow.SATURATE), int(not pl.subnormals), int(f.has_inf), int(f.has_nan),
+        int(f.signed_zero), int(f.signed), pl.sr_bits or 0,
+        pl.tiny_bits, pl.max_bits, pl.minsub_bits, pl.inf_bits, pl.nan_bits, hq, q,
+    )
+
+
+def _random_words(rng: np.random.Generator, n: int, c: _Carrier) -> np.ndarray:
+    """n uniform carrier-width random words (the same stream for the C and NumPy kernels)."""
+    if c.W == 64:
+        return rng.bit_generator.random_raw(n).astype(np.uint64, copy=False)
+    return rng.bit_generator.random_raw((n + 1) // 2).view(np.uint32)[:n]
+
+
+use_c_kernel = _ckernel is not None
+"""Whether `round` uses the compiled kernel (set False to force the NumPy reference kernel)."""
+
+
 def _round_array(a: np.ndarray, fmt: Format, mode: Rounding, overflow: Overflow, subnormals: bool,
                  rng: np.random.Generator | None, sr_bits: int | None) -> np.ndarray:
     """Round a native float32/float64 array; result dtype float32 iff the input is float32 and the
     format fits in float32."""
+    with np.errstate(invalid="ignore"):  # casts of signalling-NaN payloads warn; they stay NaN
+        return _round_array_impl(a, fmt, mode, overflow, subnormals, rng, sr_bits)
+
+
+def _round_array_impl(a: np.ndarray, fmt: Format, mode: Rounding, overflow: Overflow, subnormals: bool,
+                      rng: np.random.Generator | None, sr_bits: int | None) -> np.ndarray:
     if a.dtype == np.float32 and fmt.fits_float32 and fmt.emin >= -126:
         c = _F32
     else:
@@ -387,8 +422,15 @@ def _round_array(a: np.ndarray, fmt: Format, mode: Rounding, overflow: Overflow,
         src = src.astype(c.ftype)
     res = np.empty(src.size, dtype=c.utype)
     sb = src.view(c.utype)
-    for i in range(0, src.size, _CHUNK):
-        res[i : i + _CHUNK] = _kernel(sb[i : i + _CHUNK], pl, rng)
+    if use_c_kernel and _ckernel is not None:
+        params = _c_params(pl)
+        step = _CHUNK * 8
+        for i in range(0, src.size, step):
+            rand = None if pl.mode is not Rounding.SR else _random_words(rng, min(step, src.size - i), c)  # type: ignore[arg-type]
+            _ckernel.round_bits(sb[i : i + step], res[i : i + step], rand, params)
+    else:
+        for i in range(0, src.size, _CHUNK):
+            res[i : i + _CHUNK] = _kernel(sb[i : i + _CHUNK], pl, rng)
     out = res.view(c.ftype)
     if out.dtype != out_dtype:
         out = out.astype(out_dtype)

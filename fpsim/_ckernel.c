@@ -1,0 +1,223 @@
+/* The rounding kernel of fpsim/rounding.py, one element at a time in C (a single pass over memory).
+ *
+ * It is the same algorithm, step for step, as the NumPy reference `_kernel` in rounding.py, which
+ * stays as the fallback and as the reference this kernel is tested against. Driven entirely by the
+ * plan's numbers: no format is named here.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { RNE = 0, RNA, RTZ, RUP, RDN, RTO, SR };
+
+typedef struct {
+    int M, B, W;            /* carrier: mantissa bits, bias, width */
+    int d0;                 /* bits dropped for normal results */
+    int need_tiny;          /* target min normal above the carrier's: fixed subnormal grid below it */
+    int qexp;               /* exponent of the target's subnormal quantum, emin - mbits */
+    int mode, saturate, ftz, has_inf, has_nan, signed_zero, is_signed;
+    int sr_bits;            /* 0: exact stochastic rounding */
+    uint64_t tiny_bits, max_bits, minsub_bits, inf_bits, nan_bits, hq_bits;
+    double q;               /* the subnormal quantum as a double */
+} plan_t;
+
+#define DEFINE_KERNEL(NAME, UT, FT)                                                               \
+static inline __attribute__((always_inline)) void NAME##_body(                                    \
+    const UT *in, UT *out, Py_ssize_t n, const plan_t *p, const UT *rand, const int MODE)        \
+{                                                                                                 \
+    const UT SIGN = (UT)1 << (p->W - 1);                                                          \
+    const int M = p->M;                                                                           \
+    /* pass 1, branch-free so that it vectorizes: every element by the bit trick, with the number of */ \
+    /* dropped bits d growing by one per binade below the target's min normal (clamped to M here);  */ \
+    /* elements the trick cannot do (deep underflow, overflow, inf, NaN) are flagged for pass 2.      */ \
+    const int fast_ok = p->is_signed && !p->ftz && p->d0 >= 1;                                   \
+    const int tinyE = p->need_tiny ? p->qexp + p->M - p->d0 + p->B : 1; /* carrier field of min normal */ \
+    const UT one = 1, hi = (UT)p->inf_bits, maxb = (UT)p->max_bits;                              \
+    const int WW = p->W, srb = p->sr_bits;                                                        \
+    const UT zs = p->signed_zero ? ~(UT)0 : 0;                                                    \
+    if (fast_ok) {                                                                                \
+        UT bad = 0;                                                                               \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                      \
+            UT b = in[i], s = b & SIGN, u = b ^ s, r;                                             \
+            UT ef = u >> M, eff = ef > 1 ? ef : 1;                                                \
+            UT extra = (UT)tinyE > eff ? (UT)tinyE - eff : 0;                                     \
+            UT d = (UT)p->d0 + extra;                                                             \
+            UT deep = (d > (UT)M) & (u != 0);                                                     \
+            d = d > (UT)M ? (UT)M : d;                                                            \
+            UT mask = (one << d) - one, keep = ~mask;                                              \
+            UT lsb = d < (UT)M ? (u >> d) & one : (UT)(ef != 0);                                  \
+            switch (MODE) {                                                                       \
+            case RNE: r = (u + (mask >> 1) + lsb) & keep; break;                                  \
+            case RNA: r = (u + (mask >> 1) + one) & keep; break;                                  \
+            case RTZ: r = u & keep; break;                                                        \
+            case RUP: r = (u + (s ? 0 : mask)) & keep; break;                                     \
+            case RDN: r = (u + (s ? mask : 0)) & keep; break;                                     \
+            case RTO: r = (u & keep) | (((UT)((u & mask) != 0) & (lsb ^ one)) << d); break;       \
+            default: {                                                                            \
+                UT k = (srb && d > (UT)srb) ? d - (UT)srb : 0;                                    \
+                UT rk = d ? (rand[i] >> (WW - d + k)) << k : 0;                                   \
+                r = (((u >> k) << k) + rk) & keep;                                                \
+            }                                                                                     \
+            }                                                                                     \
+            out[i] = r | (s & (r ? ~(UT)0 : zs));                                                 \
+            bad |= deep | (UT)(u >= hi) | (UT)(r > maxb);                                         \
+        }                                                                                         \
+        if (!bad) return;                                                                         \
+    }                                                                                             \
+    /* pass 2 (or the only pass): the general path, for the elements pass 1 could not do */       \
+    for (Py_ssize_t i = 0; i < n; i++) {                                                          \
+        UT b = in[i], s = b & SIGN, u = b ^ s, r;                                                 \
+        int neg = s != 0;                                                                         \
+        if (fast_ok && u < hi && (out[i] & ~SIGN) <= maxb) {                                      \
+            UT ef = u >> M, eff = ef > 1 ? ef : 1;                                                \
+            UT extra = (UT)tinyE > eff ? (UT)tinyE - eff : 0;                                     \
+            if (u == 0 || (UT)p->d0 + extra <= (UT)M) continue; /* pass 1 got it right */         \
+        }                                                                                         \
+        int d = p->d0;                                                                            \
+        if (p->need_tiny && u < (UT)p->tiny_bits && u != 0) {                                     \
+            int ef = (int)(u >> M);                                                               \
+            int eff = ef ? ef : 1;                                                                \
+            d = p->qexp - (eff - p->B - M);                                                       \
+        }                                                                                         \
+        if (u > (UT)p->inf_bits) {                                                                \
+            r = u; /* NaN: fixed below */                                                         \
+        } else if (d <= 0) {                                                                      \
+            r = u;                                                                                \
+        } else if (d > M) {                                                                       \
+            /* |x| below the smallest subnormal q: the result is 0 or q */                        \
+            int up;                                                                               \
+            switch (MODE) {                                                                       \
+            case RNE: up = u > (UT)p->hq_bits; break;                                             \
+            case RNA: up = u >= (UT)p->hq_bits; break;                                            \
+            case RTZ: up = 0; break;                                                              \
+            case RUP: up = !neg; break;                                                           \
+            case RDN: up = neg; break;                                                            \
+            case RTO: up = 1; break;                                                              \
+            default: {                                                                            \
+                int bits = p->sr_bits ? p->sr_bits : (p->W < 53 ? p->W : 53);                     \
+                FT fx; memcpy(&fx, &u, sizeof fx);                                                \
+                double frac = floor(ldexp((double)fx / p->q, bits));                              \
+                double rr = (double)(rand[i] >> (p->W - bits));                                   \
+                up = frac + rr >= ldexp(1.0, bits);                                               \
+            }                                                                                     \
+            }                                                                                     \
+            r = up ? (UT)p->minsub_bits : 0;                                                      \
+        } else {                                                                                  \
+            UT mask = (one << d) - one, keep = ~mask;                                              \
+            UT lsb = d < M ? (u >> d) & one : ((u >> d) ? one : 0);                               \
+            switch (MODE) {                                                                       \
+            case RNE: r = (u + ((one << (d - 1)) - one) + lsb) & keep; break;                     \
+            case RNA: r = (u + (one << (d - 1))) & keep; break;                                   \
+            case RTZ: r = u & keep; break;                                                        \
+            case RUP: r = (u + (neg ? 0 : mask)) & keep; break;                                   \
+            case RDN: r = (u + (neg ? mask : 0)) & keep; break;                                   \
+            case RTO: r = (u & keep) | ((((u & mask) != 0) & (lsb ^ one)) << d); break;           \
+            default: {                                                                            \
+                int k = (p->sr_bits && d > p->sr_bits) ? d - p->sr_bits : 0;                      \
+                UT ut = (u >> k) << k;                                                            \
+                r = (ut + ((rand[i] >> (p->W - d + k)) << k)) & keep;                             \
+            }                                                                                     \
+            }                                                                                     \
+        }                                                                                         \
+        if (r > (UT)p->max_bits) {                                                                \
+            if (u > (UT)p->inf_bits) {                                                            \
+                r = (UT)p->nan_bits;                                                              \
+            } else {                                                                              \
+                int to_inf;                                                                       \
+                if (p->saturate) to_inf = 0;                                                      \
+                else {                                                                            \
+                    switch (MODE) {                                                               \
+                    case RTZ: case RTO: to_inf = 0; break;                                        \
+                    case RUP: to_inf = !neg; break;                                               \
+                    case RDN: to_inf = neg; break;                                                \
+                    default: to_inf = 1;                                                          \
+                    }                                                                             \
+                    if (u == (UT)p->inf_bits) to_inf = 1;                                         \
+                }                                                                                 \
+                if (to_inf)                                                                       \
+                    r = p->has_inf ? (UT)p->inf_bits : p->has_nan ? (UT)p->nan_bits : (UT)p->max_bits; \
+                else                                                                              \
+                    r = (UT)p->max_bits;                                                          \
+            }                                                                                     \
+        }                                                                                         \
+        if (p->ftz && r < (UT)p->tiny_bits) r = 0;                                                \
+        if (!p->is_signed) {                                                                      \
+            if (r == 0 && u != 0) r = (UT)p->tiny_bits;                                           \
+            if ((neg && u != 0) || u == 0) r = (UT)p->nan_bits;                                   \
+            out[i] = r;                                                                           \
+            continue;                                                                             \
+        }                                                                                         \
+        if (r > (UT)p->inf_bits) { r = (UT)p->nan_bits; s = 0; }                                  \
+        if (!p->signed_zero && r == 0) s = 0;                                                     \
+        out[i] = r | s;                                                                           \
+    }                                                                                             \
+}                                                                                                 \
+CLONES static void NAME(const UT *in, UT *out, Py_ssize_t n, const plan_t *p, const UT *rand)    \
+{                                                                                                 \
+    switch (p->mode) {                                                                            \
+    case RNE: NAME##_body(in, out, n, p, rand, RNE); break;                                       \
+    case RNA: NAME##_body(in, out, n, p, rand, RNA); break;                                       \
+    case RTZ: NAME##_body(in, out, n, p, rand, RTZ); break;                                       \
+    case RUP: NAME##_body(in, out, n, p, rand, RUP); break;                                       \
+    case RDN: NAME##_body(in, out, n, p, rand, RDN); break;                                       \
+    case RTO: NAME##_body(in, out, n, p, rand, RTO); break;                                       \
+    default: NAME##_body(in, out, n, p, rand, SR);                                                \
+    }                                                                                             \
+}
+
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+#define CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CLONES
+#endif
+DEFINE_KERNEL(kernel32, uint32_t, float)
+DEFINE_KERNEL(kernel64, uint64_t, double)
+
+static PyObject *round_bits(PyObject *self, PyObject *args)
+{
+    Py_buffer in, out, rnd;
+    PyObject *rand_obj;
+    plan_t p;
+    unsigned long long tb, mb, qb, ib, nb, hb;
+    if (!PyArg_ParseTuple(args, "y*w*O(iiiiiiiiiiiiiiKKKKKKd)", &in, &out, &rand_obj,
+                          &p.M, &p.B, &p.W, &p.d0, &p.need_tiny, &p.qexp, &p.mode, &p.saturate,
+                          &p.ftz, &p.has_inf, &p.has_nan, &p.signed_zero, &p.is_signed, &p.sr_bits,
+                          &tb, &mb, &qb, &ib, &nb, &hb, &p.q))
+        return NULL;
+    p.tiny_bits = tb; p.max_bits = mb; p.minsub_bits = qb; p.inf_bits = ib; p.nan_bits = nb; p.hq_bits = hb;
+    Py_ssize_t isz = p.W / 8;
+    Py_ssize_t n = in.len / isz;
+    int have_rand = rand_obj != Py_None;
+    if (have_rand && PyObject_GetBuffer(rand_obj, &rnd, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&in); PyBuffer_Release(&out);
+        return NULL;
+    }
+    if (out.len < in.len || (have_rand && rnd.len < in.len) || (p.mode == SR && !have_rand) ||
+        (p.W != 32 && p.W != 64)) {
+        PyBuffer_Release(&in); PyBuffer_Release(&out);
+        if (have_rand) PyBuffer_Release(&rnd);
+        PyErr_SetString(PyExc_ValueError, "round_bits: inconsistent buffers or plan");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (p.W == 32)
+        kernel32((const uint32_t *)in.buf, (uint32_t *)out.buf, n, &p,
+                 have_rand ? (const uint32_t *)rnd.buf : NULL);
+    else
+        kernel64((const uint64_t *)in.buf, (uint64_t *)out.buf, n, &p,
+                 have_rand ? (const uint64_t *)rnd.buf : NULL);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&in); PyBuffer_Release(&out);
+    if (have_rand) PyBuffer_Release(&rnd);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"round_bits", round_bits, METH_VARARGS, "Round carrier bit patterns in place into out (see rounding.py)."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_ckernel", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__ckernel(void) { return PyModule_Create(&moddef); }
