@@ -280,10 +280,18 @@ class Format:
         return r[()] if r.ndim == 0 else r
 
     def next_down(self, x: Any) -> Any:
-        """The largest value of the format less than ``x``."""
-        r = -np.asarray(self.next_up(-np.asarray(x, dtype=np.float64)), dtype=np.float64)
-        if not self.signed_zero:
-            r = r + 0.0
+        """The largest value of the format less than ``x`` (``-inf``/NaN past the minimum)."""
+        from .rounding import round as _round
+
+        xa = np.asarray(x, dtype=np.float64)
+        r = np.asarray(_round(xa, self, "rdn"), dtype=np.float64)
+        same = r == xa
+        if np.any(same):
+            rs = r[same]
+            step = np.where(rs > 0, self._ulp_below(np.abs(rs)), self.ulp(rs))
+            bumped = np.asarray(_round(rs - step, self, "rne"), dtype=np.float64)
+            r = r.copy()
+            r[same] = np.where(rs == 0, -self.min_subnormal if self.signed else np.nan, bumped)
         return r[()] if r.ndim == 0 else r
 
     def _ulp_below(self, a: np.ndarray) -> np.ndarray:
@@ -356,7 +364,7 @@ def register(fmt: Format) -> Format:
     for key in (fmt.name, *fmt.aliases):
         k = key.lower()
         owner = _ALIASES.get(k)
-        if owner is not None and owner != fmt.name:
+        if owner is not None and (owner != fmt.name or _REGISTRY[owner] != fmt):
             raise ValueError(f"name {key!r} already names format {owner!r}")
     _REGISTRY[fmt.name] = fmt
     for key in (fmt.name, *fmt.aliases):

@@ -353,8 +353,9 @@ def _as_float_array(x: Any, name: str = "x") -> tuple[np.ndarray, bool]:
         except (TypeError, ValueError):
             raise TypeError(f"{name}: cannot convert dtype {a.dtype} to float") from None
     if k in "iu":
-        if a.size:
-            big = np.abs(a.astype(np.float64)) > _MAX_EXACT_INT
+        if a.size and np.iinfo(a.dtype).max > _MAX_EXACT_INT:
+            lim = a.dtype.type(_MAX_EXACT_INT)  # compare as integers: exact
+            big = (a > lim) | (a < -lim) if k == "i" else a > lim
             if np.any(big):
                 bad = a[big].ravel()[0]
                 raise ValueError(f"{name}: integer {int(bad)} exceeds 2**53 in magnitude and cannot be held exactly")
