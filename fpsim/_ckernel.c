@@ -12,6 +12,12 @@
 
 enum { RNE = 0, RNA, RTZ, RUP, RDN, RTO, SR };
 
+/* Blocks small enough for L1: pass 2 revisits only the blocks where pass 1 flagged an element. */
+#define BLK 2048
+#define BLOCKS(NAME, MODE_)                                                                       \
+    for (Py_ssize_t o = 0; o < n; o += BLK)                                                       \
+        NAME##_body(in + o, out + o, n - o < BLK ? n - o : BLK, p, rand ? rand + o : NULL, MODE_)
+
 typedef struct {
     int M, B, W;            /* carrier: mantissa bits, bias, width */
     int d0;                 /* bits dropped for normal results */
@@ -40,28 +46,33 @@ static inline __attribute__((always_inline)) void NAME##_body(                  
     if (fast_ok) {                                                                                \
         UT bad = 0;                                                                               \
         for (Py_ssize_t i = 0; i < n; i++) {                                                      \
+            /* written with masks instead of ternaries so that the 64-bit loop if-converts too */    \
             UT b = in[i], s = b & SIGN, u = b ^ s, r;                                             \
-            UT ef = u >> M, eff = ef > 1 ? ef : 1;                                                \
-            UT extra = (UT)tinyE > eff ? (UT)tinyE - eff : 0;                                     \
-            UT d = (UT)p->d0 + extra;                                                             \
-            UT deep = (d > (UT)M) & (u != 0);                                                     \
-            d = d > (UT)M ? (UT)M : d;                                                            \
-            UT mask = (one << d) - one, keep = ~mask;                                              \
-            UT lsb = d < (UT)M ? (u >> d) & one : (UT)(ef != 0);                                  \
+            UT sm = (UT)0 - (UT)(s != 0);                    /* all ones for negative inputs */   \
+            UT ef = u >> M, eff = ef + (UT)(ef == 0);                                             \
+            UT gt = (UT)0 - (UT)((UT)tinyE > eff);                                                \
+            UT d = (UT)p->d0 + (((UT)tinyE - eff) & gt);                                          \
+            UT over = (UT)0 - (UT)(d > (UT)M);                                                    \
+            UT deep = over & (UT)0 - (UT)(u != 0);                                                \
+            d = (d & ~over) | ((UT)M & over);                                                     \
+            UT mask = (one << d) - one, keep = ~mask;                                             \
+            UT atm = (UT)0 - (UT)(d == (UT)M);                                                    \
+            UT lsb = (((u >> d) & one) & ~atm) | ((UT)(ef != 0) & atm);                           \
             switch (MODE) {                                                                       \
             case RNE: r = (u + (mask >> 1) + lsb) & keep; break;                                  \
             case RNA: r = (u + (mask >> 1) + one) & keep; break;                                  \
             case RTZ: r = u & keep; break;                                                        \
-            case RUP: r = (u + (s ? 0 : mask)) & keep; break;                                     \
-            case RDN: r = (u + (s ? mask : 0)) & keep; break;                                     \
+            case RUP: r = (u + (mask & ~sm)) & keep; break;                                       \
+            case RDN: r = (u + (mask & sm)) & keep; break;                                        \
             case RTO: r = (u & keep) | (((UT)((u & mask) != 0) & (lsb ^ one)) << d); break;       \
             default: {                                                                            \
-                UT k = (srb && d > (UT)srb) ? d - (UT)srb : 0;                                    \
-                UT rk = d ? (rand[i] >> (WW - d + k)) << k : 0;                                   \
+                UT big = (UT)0 - ((UT)(srb != 0) & (UT)(d > (UT)srb));                                 \
+                UT k = (d - (UT)srb) & big;                                                       \
+                UT rk = (rand[i] >> (WW - d + k)) << k;                                           \
                 r = (((u >> k) << k) + rk) & keep;                                                \
             }                                                                                     \
             }                                                                                     \
-            out[i] = r | (s & (r ? ~(UT)0 : zs));                                                 \
+            out[i] = r | (s & (((UT)0 - (UT)(r != 0)) | zs));                                     \
             bad |= deep | (UT)(u >= hi) | (UT)(r > maxb);                                         \
         }                                                                                         \
         if (!bad) return;                                                                         \
@@ -157,13 +168,13 @@ static inline __attribute__((always_inline)) void NAME##_body(                  
 CLONES static void NAME(const UT *in, UT *out, Py_ssize_t n, const plan_t *p, const UT *rand)    \
 {                                                                                                 \
     switch (p->mode) {                                                                            \
-    case RNE: NAME##_body(in, out, n, p, rand, RNE); break;                                       \
-    case RNA: NAME##_body(in, out, n, p, rand, RNA); break;                                       \
-    case RTZ: NAME##_body(in, out, n, p, rand, RTZ); break;                                       \
-    case RUP: NAME##_body(in, out, n, p, rand, RUP); break;                                       \
-    case RDN: NAME##_body(in, out, n, p, rand, RDN); break;                                       \
-    case RTO: NAME##_body(in, out, n, p, rand, RTO); break;                                       \
-    default: NAME##_body(in, out, n, p, rand, SR);                                                \
+    case RNE: BLOCKS(NAME, RNE); break;                                       \
+    case RNA: BLOCKS(NAME, RNA); break;                                       \
+    case RTZ: BLOCKS(NAME, RTZ); break;                                       \
+    case RUP: BLOCKS(NAME, RUP); break;                                       \
+    case RDN: BLOCKS(NAME, RDN); break;                                       \
+    case RTO: BLOCKS(NAME, RTO); break;                                       \
+    default: BLOCKS(NAME, SR);                                                \
     }                                                                                             \
 }
 
