@@ -12,6 +12,10 @@
 
 enum { RNE = 0, RNA, RTZ, RUP, RDN, RTO, SR };
 
+/* GCC turns a constant 1 in (1 << d) - 1 into an idiom it cannot vectorize for 64-bit lanes;
+ * reading the 1 from a volatile keeps the plain shift (and the float64 loop vectorized). */
+static volatile int opaque_one = 1;
+
 /* Blocks small enough for L1: pass 2 revisits only the blocks where pass 1 flagged an element. */
 #define BLK 2048
 #define BLOCKS(NAME, MODE_)                                                                       \
@@ -40,7 +44,7 @@ static inline __attribute__((always_inline)) void NAME##_body(                  
     /* elements the trick cannot do (deep underflow, overflow, inf, NaN) are flagged for pass 2.      */ \
     const int fast_ok = p->is_signed && !p->ftz && p->d0 >= 1;                                   \
     const int tinyE = p->need_tiny ? p->qexp + p->M - p->d0 + p->B : 1; /* carrier field of min normal */ \
-    const UT one = 1, hi = (UT)p->inf_bits, maxb = (UT)p->max_bits;                              \
+    const UT one = (UT)opaque_one, hi = (UT)p->inf_bits, maxb = (UT)p->max_bits;                 \
     const int WW = p->W, srb = p->sr_bits;                                                        \
     const UT zs = p->signed_zero ? ~(UT)0 : 0;                                                    \
     if (fast_ok) {                                                                                \
