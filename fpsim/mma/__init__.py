@@ -1,0 +1,41 @@
+"""Matrix multiply-accumulate on emulated hardware: NVIDIA Tensor Core models, bit for bit.
+
+"FP32 accumulation" on a Tensor Core is not IEEE fp32 summation: products are summed in blocks, aligned to
+the largest exponent with a fixed number of extra bits, truncated term by term and rounded toward zero; on
+Ada/Hopper FP8 only 13 fraction bits survive. :class:`MMAModel` describes one such data path (the block-FMA
+model of Khattak & Mikaitis); :func:`get_model` returns the preset for a device and format; :func:`dot` and
+:func:`matmul` evaluate it. Generic comparison models: :data:`exact`, :data:`fma_chain`, :data:`pairwise`,
+:data:`wide`.
+
+>>> import fpsim
+>>> m = fpsim.mma.get_model("h100", "fp16")
+>>> float(fpsim.mma.dot([1.0, 1.0], [1.0, -2.0**-24], 0.0, m)) == 1 - 2**-24
+True
+"""
+
+from __future__ import annotations
+
+from .experiments import deepseek_experiment
+from .gemm import convert_inputs, dot, matmul
+from .model import KINDS, MMAModel, as_model, exact, fma_chain, generic, pairwise, wide
+from .presets import DEVICES, INPUTS, DeviceInfo, device_info, get_model
+
+__all__ = [
+    "DEVICES",
+    "INPUTS",
+    "KINDS",
+    "DeviceInfo",
+    "MMAModel",
+    "as_model",
+    "convert_inputs",
+    "deepseek_experiment",
+    "device_info",
+    "dot",
+    "exact",
+    "fma_chain",
+    "generic",
+    "get_model",
+    "matmul",
+    "pairwise",
+    "wide",
+]

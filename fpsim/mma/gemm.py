@@ -1,0 +1,419 @@
+"""Dot products and GEMMs under an :class:`~fpsim.mma.MMAModel`, with optional fp32 promotion and scales.
+
+:func:`dot` chains one model's blocks along K for many rows at once; :func:`matmul` does the same for every
+output of a GEMM, tile by tile (memory stays bounded), optionally promoting the partial sum into an fp32
+accumulator every ``promote_every`` products (DeepSeek-V3's fix for FP8 on Hopper) and applying per-block
+dequantisation scales at each promotion.
+
+What is *not* modelled: the order a real GEMM library (cuBLAS, CUTLASS) splits K across MMA instructions,
+warps and split-K partitions. Here every output is one chain of blocks in increasing K order.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..formats import Format, fp32, tf32
+from ..rounding import _as_float_array
+from ..rounding import round as _fround
+from .model import (
+    NO_EXP,
+    MMAModel,
+    as_model,
+    bfma_instruction,
+    exact_sum,
+    exponents,
+    fma_round,
+    generic_reduce,
+    product_dtype,
+    term_range,
+)
+from .model import _rne_out as _rne
+
+__all__ = ["convert_inputs", "dot", "matmul"]
+
+_INPUT_ROUNDINGS = ("rne", "rtz", "exact")
+
+# Elements of one (k, Mt, Nt) product block (BFMA) or one (K, Mt, Nt) product array (generic models).
+_BLOCK_ELEMS = 1 << 18
+_GENERIC_ELEMS = 1 << 20
+
+
+def convert_inputs(x: Any, fmt: Format, input_rounding: str | None, name: str) -> np.ndarray:
+    """Values of `x` in `fmt` as float64.
+
+    ``input_rounding``: ``None`` = ``"rtz"`` for tf32 (what A100 does with fp32 registers: the low 13
+    fraction bits are dropped) and ``"rne"`` otherwise (CUDA's ``__float2half``/``__float2bfloat16``
+    and saturating ``__nv_cvt_float_to_fp8`` round to nearest); ``"rtz"``/``"rne"`` force a mode;
+    ``"exact"`` raises ``ValueError`` if a value is not representable.
+    """
+    arr, _ = _as_float_array(x, name)
+    arr = np.asarray(arr, dtype=np.float64)
+    mode = input_rounding
+    if mode is None:
+        mode = "rtz" if fmt == tf32 else "rne"
+    if mode not in _INPUT_ROUNDINGS:
+        raise ValueError(f"unknown input_rounding {input_rounding!r}; valid: None, {', '.join(_INPUT_ROUNDINGS)}")
+    overflow = "saturate" if fmt.width <= 8 else "ieee"
+    if mode == "exact":
+        r = np.asarray(_fround(arr, fmt, "rne"), dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            bad = (r != arr) & ~(np.isnan(r) & np.isnan(arr))
+        if bad.any():
+            v = arr[bad].flat[0]
+            raise ValueError(f"{name} holds {v!r}, not exactly representable in {fmt.name}; "
+                             "pass input_rounding='rne' or 'rtz' to convert")
+        return r
+    return np.asarray(_fround(arr, fmt, "rtz" if mode == "rtz" else "rne", overflow=overflow), dtype=np.float64)
+
+
+def _convert_c_fmt(c: Any, fmt: Format, shape: tuple[int, ...]) -> np.ndarray:
+    """C rounded (RNE) to `fmt` and broadcast to the output shape, as float64."""
+    if c is None:
+        return np.zeros(shape)
+    arr = np.asarray(_as_float_array(c, "c")[0], dtype=np.float64)
+    arr = np.asarray(_fround(arr, fmt, "rne"), dtype=np.float64)
+    try:
+        return np.ascontiguousarray(np.broadcast_to(arr, shape), dtype=np.float64)
+    except ValueError:
+        raise ValueError(f"c of shape {arr.shape} does not broadcast to the output shape {shape}") from None
+
+
+def _pad_k(x: np.ndarray, e: np.ndarray, mult: int) -> tuple[np.ndarray, np.ndarray]:
+    """Zero-pad axis 0 to a multiple of `mult` (exponents with NO_EXP)."""
+    k = x.shape[0]
+    pad = (-k) % mult
+    if pad == 0:
+        return x, e
+    zshape = (pad,) + x.shape[1:]
+    return (np.concatenate([x, np.zeros(zshape, x.dtype)], 0),
+            np.concatenate([e, np.full(zshape, NO_EXP, np.int16)], 0))
+
+
+def _run_terms(x: np.ndarray, y: np.ndarray, ex: np.ndarray, ey: np.ndarray, c: np.ndarray,
+               model: MMAModel, has_specials: bool, lsb_top: tuple[int, int] | None) -> np.ndarray:
+    """One model over all K (axis 0) of the products ``x*y`` (broadcast), addends c; returns D (float64)."""
+    if model.kind != "bfma":
+        with np.errstate(invalid="ignore", over="ignore"):
+            prod = x.astype(np.float64) * y.astype(np.float64)
+        prod = np.broadcast_to(prod, (x.shape[0],) + c.shape)
+        return generic_reduce(prod, c, model, lsb_top, has_specials=has_specials)
+    ki = model.instruction_k
+    d = c
+    with np.errstate(invalid="ignore"):
+        for j in range(0, x.shape[0], ki):
+            prod = x[j:j + ki] * y[j:j + ki]  # (ki, *S)
+            e = ex[j:j + ki] + ey[j:j + ki]
+            d = bfma_instruction(prod, e, d, model, has_specials=has_specials)
+    return d
+
+
+def _prepare(v: np.ndarray, model: MMAModel) -> tuple[np.ndarray, np.ndarray]:
+    """Carrier array (product dtype for BFMA, float64 for generics) and int16 exponents of input values."""
+    e = exponents(v, model.input.emin)
+    dt = product_dtype(model.input) if model.kind == "bfma" else np.float64
+    return v.astype(dt), e
+
+
+def _lsb_top(a: np.ndarray, b: np.ndarray, model: MMAModel) -> tuple[int, int] | None:
+    if model.kind != "exact":
+        return None
+    fin_a = np.where(np.isfinite(a), a, 0.0)
+    fin_b = np.where(np.isfinite(b), b, 0.0)
+    la, ta = term_range(fin_a, model.input)
+    lb, tb = term_range(fin_b, model.input)
+    return la + lb, ta + tb
+
+
+def dot(a: Any, b: Any, c: Any = None, model: MMAModel | str | None = None, *,
+        input_rounding: str | None = None) -> Any:
+    """``D = c + sum_i a[..., i] * b[..., i]`` under `model`, chaining its blocks along K in order.
+
+    Parameters
+    ----------
+    a, b : array_like, shape (..., K)
+        Rows of A and columns of B (broadcast against each other). Converted to ``model.input`` first
+        (see `input_rounding`).
+    c : array_like, shape (...), optional
+        Addends, rounded (RNE) to ``model.output``; default 0.
+    model : MMAModel or str, optional
+        A preset from :func:`fpsim.mma.get_model`, a generic name (``"exact"``, ``"fma_chain"``,
+        ``"pairwise"``, ``"wide"``) or ``"device:input[:output]"``. Default ``exact``.
+    input_rounding : {None, "rne", "rtz", "exact"}
+        How values not representable in the input format are converted. ``None``: RZ (truncation) for
+        tf32, as A100 does with fp32 registers; RNE for the other formats (CUDA's conversions).
+        ``"exact"`` refuses unrepresentable values.
+
+    Returns
+    -------
+    ndarray or numpy scalar
+        D with shape (...); float32 when `a` and `b` are float32, else float64.
+
+    Examples
+    --------
+    >>> from fpsim.mma import dot, get_model
+    >>> u = 2.0**-24
+    >>> float(dot([1, 1, 1, 1], [u, u, u, u], 1.0, get_model("v100", "fp16")))  # P2: V100 loses all 4
+    1.0
+    >>> float(dot([1, 1, 1, 1], [u, u, u, u], 1.0, get_model("a100", "fp16"))) == 1 + 2**-22
+    True
+    """
+    m = as_model(model)
+    a_arr = _as_float_array(a, "a")[0]
+    b_arr = _as_float_array(b, "b")[0]
+    a32, b32 = a_arr.dtype == np.float32, b_arr.dtype == np.float32
+    if a_arr.ndim == 0 or b_arr.ndim == 0:
+        raise ValueError("a and b need at least one axis (K)")
+    if a_arr.shape[-1] != b_arr.shape[-1]:
+        raise ValueError(f"a and b disagree on K: {a_arr.shape[-1]} vs {b_arr.shape[-1]}")
+    av = convert_inputs(a_arr, m.input, input_rounding, "a")
+    bv = convert_inputs(b_arr, m.input, input_rounding, "b")
+    av, bv = np.broadcast_arrays(av, bv)
+    shape = av.shape[:-1]
+    k = av.shape[-1]
+    cv = _convert_c_fmt(c, m.output, shape)
+    r = int(np.prod(shape, dtype=np.int64))
+    at = np.ascontiguousarray(av.reshape(r, k).T)  # (K, R)
+    bt = np.ascontiguousarray(bv.reshape(r, k).T)
+    has_specials = not (np.isfinite(at).all() and np.isfinite(bt).all())
+    lsb_top = _lsb_top(at, bt, m)
+    xa, ea = _prepare(at, m)
+    xb, eb = _prepare(bt, m)
+    if m.kind == "bfma":
+        xa, ea = _pad_k(xa, ea, m.instruction_k)
+        xb, eb = _pad_k(xb, eb, m.instruction_k)
+    cflat = cv.reshape(r)
+    out = np.empty(r)
+    per = _BLOCK_ELEMS if m.kind == "bfma" else _GENERIC_ELEMS
+    step = max(1, per // max(1, m.instruction_k if m.kind == "bfma" else k))
+    for r0 in range(0, r, step):
+        sl = slice(r0, min(r, r0 + step))
+        out[sl] = _run_terms(xa[:, sl], xb[:, sl], ea[:, sl], eb[:, sl], cflat[sl], m, has_specials, lsb_top)
+    res = out.reshape(shape)
+    if a32 and b32:
+        res = res.astype(np.float32)
+    return res[()] if res.ndim == 0 else res
+
+
+def _expand_scales(scales: Any, m_: int, n_: int, groups: int) -> tuple[np.ndarray, np.ndarray]:
+    if not (isinstance(scales, (tuple, list)) and len(scales) == 2):
+        raise TypeError("scales must be a pair (scale_a, scale_b)")
+    sa = np.asarray(_as_float_array(scales[0], "scales[0]")[0], dtype=np.float64)
+    sb = np.asarray(_as_float_array(scales[1], "scales[1]")[0], dtype=np.float64)
+    try:
+        sa = np.broadcast_to(sa, (m_, groups))
+    except ValueError:
+        raise ValueError(f"scale_a has shape {sa.shape}; expected (M, K/promote_every) = ({m_}, {groups})"
+                         " (one factor per 1x128 tile of A)") from None
+    nb = -(-n_ // 128)
+    if sb.ndim == 2 and sb.shape == (groups, nb) and nb != n_:
+        sb = np.repeat(sb, 128, axis=1)[:, :n_]
+    try:
+        sb = np.broadcast_to(sb, (groups, n_))
+    except ValueError:
+        raise ValueError(f"scale_b has shape {sb.shape}; expected (K/promote_every, ceil(N/128)) = "
+                         f"({groups}, {nb}) (one factor per 128x128 block of B) or ({groups}, {n_})") from None
+    return sa, sb
+
+
+def matmul(A: Any, B: Any, C: Any = None, *, model: MMAModel | str | None = None,
+           promote_every: int | None = None, scales: Any = None,
+           input_rounding: str | None = None) -> Any:
+    """``D = C + A @ B`` with every output computed as one chain of `model`'s blocks along K.
+
+    Parameters
+    ----------
+    A : array_like, shape (M, K) or (..., M, K)
+    B : array_like, shape (K, N) or (..., K, N)
+        Converted to ``model.input`` (see `input_rounding`, as in :func:`dot`).
+    C : array_like, broadcastable to (..., M, N), optional
+        Rounded (RNE) to ``model.output`` (or fp32 when promoting); default 0.
+    model : MMAModel or str, optional
+        Default ``exact`` (the exact product plus C rounded once to fp32).
+    promote_every : int, optional
+        Every `promote_every` products along K the matrix unit's partial sum (started from 0) is added
+        into an fp32 accumulator with one RNE rounding, as DeepSeek-V3 does on H800 (N_C = 128). Must be
+        a multiple of the model's instruction depth. The result is then fp32.
+    scales : (scale_a, scale_b), optional
+        Dequantisation factors applied at each promotion (requires `promote_every`): ``scale_a`` of shape
+        (M, G) with ``G = ceil(K / promote_every)`` (1 x promote_every tiles of A), ``scale_b`` of shape
+        (G, ceil(N/128)) (promote_every x 128 blocks of B) or (G, N). At promotion
+        ``acc = RN_fp32(RN_fp32(sa*sb) * partial + acc)`` (one fused multiply-add, as the CUDA-core code
+        compiles it).
+    input_rounding : {None, "rne", "rtz", "exact"}
+        As in :func:`dot`.
+
+    Returns
+    -------
+    ndarray
+        Shape (..., M, N); float32 when A and B are float32, else float64.
+
+    Examples
+    --------
+    >>> import numpy as np, fpsim
+    >>> A = np.full((2, 4), 1.0); B = np.full((4, 3), 2.0**-24)
+    >>> fpsim.matmul(A, B, 1.0, model="v100:fp16")[0, 0]
+    np.float64(1.0)
+    >>> float(fpsim.matmul(A, B, 1.0)[0, 0]) == 1 + 2**-22
+    True
+    """
+    m = as_model(model)
+    a_arr = _as_float_array(A, "A")[0]
+    b_arr = _as_float_array(B, "B")[0]
+    a32, b32 = a_arr.dtype == np.float32, b_arr.dtype == np.float32
+    if a_arr.ndim < 1 or b_arr.ndim < 1:
+        raise ValueError("A and B need at least one axis")
+    vec_a, vec_b = a_arr.ndim == 1, b_arr.ndim == 1
+    if vec_a:
+        a_arr = a_arr[None, :]
+    if vec_b:
+        b_arr = b_arr[:, None]
+    if a_arr.shape[-1] != b_arr.shape[-2]:
+        raise ValueError(f"A and B disagree on K: A has shape {a_arr.shape}, B has shape {b_arr.shape}")
+    if promote_every is not None:
+        if not isinstance(promote_every, (int, np.integer)) or promote_every < 1:
+            raise ValueError(f"promote_every must be a positive integer, got {promote_every!r}")
+        if m.kind == "bfma" and promote_every % m.instruction_k:
+            raise ValueError(f"promote_every={promote_every} is not a multiple of the model's instruction "
+                             f"depth {m.instruction_k}")
+    if scales is not None and promote_every is None:
+        raise ValueError("scales are applied at promotion: give promote_every too (DeepSeek-V3: 128)")
+    av = convert_inputs(a_arr, m.input, input_rounding, "A")
+    bv = convert_inputs(b_arr, m.input, input_rounding, "B")
+    batch = np.broadcast_shapes(av.shape[:-2], bv.shape[:-2])
+    mm, kk, nn = av.shape[-2], av.shape[-1], bv.shape[-1]
+    out_shape = batch + (mm, nn)
+    # C joins the fp32 accumulator when promoting, else the matrix unit's first block.
+    cv = _convert_c_fmt(C, fp32 if promote_every is not None else m.output, out_shape)
+    if batch and bv.ndim == 2 and scales is None:
+        # One shared B: stack A's batch into rows, one large GEMM (same per-output chains, fewer calls).
+        flat = _matmul2d(av.reshape(-1, kk), bv, cv.reshape(-1, nn), m, promote_every, None)
+        res = flat.reshape(out_shape)
+    else:
+        av_b = np.broadcast_to(av, batch + (mm, kk))
+        bv_b = np.broadcast_to(bv, batch + (kk, nn))
+        res = np.empty(out_shape)
+        for idx in np.ndindex(*batch) if batch else [()]:
+            res[idx] = _matmul2d(av_b[idx], bv_b[idx], cv[idx], m, promote_every, scales)
+    if vec_b:
+        res = res[..., 0]
+    if vec_a:
+        res = res[..., 0, :] if not vec_b else res[..., 0]
+    if a32 and b32:
+        res = res.astype(np.float32)
+    return res[()] if np.ndim(res) == 0 else res
+
+
+_MAX_SLICES = 6
+
+
+def _slices(x: np.ndarray, beta: int, axis: int) -> tuple[list[np.ndarray], np.ndarray] | None:
+    """Split x exactly into integer-valued slices: x = 2**(e+1) * sum_s I_s * 2**(-beta*(s+1)), |I_s| < 2**beta,
+    with e the largest exponent along `axis` (per row of A or column of B). None if more than _MAX_SLICES."""
+    e = exponents(x, -1074).max(axis=axis, keepdims=True).astype(np.int32)
+    e = np.where(e == NO_EXP, 0, e)
+    r = np.ldexp(x, -(e + 1))  # |r| < 1
+    out = []
+    while True:
+        r = np.ldexp(r, beta)
+        i_s = np.trunc(r)
+        out.append(i_s)
+        r = r - i_s
+        if not r.any():
+            return out, e
+        if len(out) >= _MAX_SLICES:
+            return None
+
+
+def _exact_matmul_split(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: MMAModel) -> np.ndarray | None:
+    """Exact GEMM through float64 BLAS on error-free integer slices (Ozaki-style), then one rounding.
+
+    Each slice product sums K integers below 2**(2*beta), so with ``K * 2**(2*beta) <= 2**53`` every partial
+    sum is exact whatever order BLAS uses. The S*S exact partial products and C are combined by
+    :func:`~fpsim.mma.model.exact_sum`, a block of rows at a time (bounded memory). Returns None (the caller
+    falls back to the limb kernel) when the inputs span too many bits for a few slices.
+    """
+    kk = a.shape[1]
+    lg = max(1, math.ceil(math.log2(max(kk, 2))))
+    beta = (53 - lg) // 2
+    sa = _slices(a, beta, axis=1)
+    sb = _slices(b, beta, axis=0)
+    if sa is None or sb is None:
+        return None
+    (ia, ea), (ib, eb) = sa, sb
+    lsb = int(ea.min() + eb.min()) + 2 - beta * (len(ia) + len(ib))
+    top = int(ea.max() + eb.max()) + 2 + lg + 1
+    if (c != 0).any():
+        lc, tc = term_range(c, fp32)
+        lsb, top = min(lsb, lc), max(top, tc)
+    mm, nn = c.shape
+    out = np.empty((mm, nn))
+    step = max(1, _GENERIC_ELEMS // max(1, nn * (len(ia) * len(ib) + 1)))
+    for i0 in range(0, mm, step):
+        rows = slice(i0, min(mm, i0 + step))
+        terms = [np.ldexp(x[rows] @ y, ea[rows] + eb + 2 - beta * (s_ + t_ + 2))  # exact integer units
+                 for s_, x in enumerate(ia) for t_, y in enumerate(ib)]
+        terms.append(c[rows])
+        out[rows] = _rne(exact_sum(np.stack(terms), lsb, top), m.output)
+    return out
+
+
+def _matmul2d(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: MMAModel, promote_every: int | None,
+              scales: Any) -> np.ndarray:
+    mm, kk = a.shape
+    nn = b.shape[1]
+    at = np.ascontiguousarray(a.T)  # (K, M)
+    bk = np.ascontiguousarray(b)  # (K, N)
+    has_specials = not (np.isfinite(at).all() and np.isfinite(bk).all())
+    if m.kind == "exact" and promote_every is None and not has_specials and kk and mm and nn:
+        fast = _exact_matmul_split(a, b, c, m)
+        if fast is not None:
+            return fast
+    lsb_top = _lsb_top(at, bk, m)
+    xa, ea = _prepare(at, m)
+    xb, eb = _prepare(bk, m)
+    if m.kind == "bfma":
+        mult = m.instruction_k if promote_every is None else promote_every
+        xa, ea = _pad_k(xa, ea, mult)
+        xb, eb = _pad_k(xb, eb, mult)
+        per = max(1, _BLOCK_ELEMS // m.instruction_k)
+    else:
+        per = max(1, _GENERIC_ELEMS // max(1, min(kk, promote_every or kk)))
+    # Tile shape: square-ish Mt x Nt with Mt*Nt <= per.
+    nt = min(nn, max(1, int(math.sqrt(per))))
+    mt = min(mm, max(1, per // nt))
+    nt = min(nn, max(1, per // mt))
+    ktot = xa.shape[0]
+    groups = -(-kk // promote_every) if promote_every else 1
+    sa = sb = None
+    if scales is not None:
+        sa, sb = _expand_scales(scales, mm, nn, groups)
+    out = np.empty((mm, nn))
+    for i0 in range(0, mm, mt):
+        i1 = min(mm, i0 + mt)
+        for j0 in range(0, nn, nt):
+            j1 = min(nn, j0 + nt)
+            x = xa[:, i0:i1, None]
+            y = xb[:, None, j0:j1]
+            ex = ea[:, i0:i1, None]
+            ey = eb[:, None, j0:j1]
+            ct = c[i0:i1, j0:j1]
+            if promote_every is None:
+                out[i0:i1, j0:j1] = _run_terms(x, y, ex, ey, ct, m, has_specials, lsb_top)
+                continue
+            acc = ct.copy()
+            zero = np.zeros(ct.shape)
+            for g, k0 in enumerate(range(0, ktot, promote_every)):
+                k1 = min(ktot, k0 + promote_every)
+                part = _run_terms(x[k0:k1], y[k0:k1], ex[k0:k1], ey[k0:k1], zero, m, has_specials, lsb_top)
+                if sa is not None and sb is not None:
+                    s = np.asarray(_fround(sa[i0:i1, g][:, None] * sb[g, j0:j1][None, :], fp32, "rne"),
+                                   dtype=np.float64)
+                    with np.errstate(invalid="ignore", over="ignore"):
+                        part = s * part
+                acc = fma_round(part, acc, fp32)
+            out[i0:i1, j0:j1] = acc
+    return out

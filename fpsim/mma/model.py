@@ -1,0 +1,519 @@
+"""The block-FMA (BFMA) model of a matrix unit, and generic accumulation models for comparison.
+
+One :class:`MMAModel` describes one hardware data path (for example H100 fp16 inputs with fp32 output)
+or one generic, non-hardware way of forming ``d = c + sum_i a_i * b_i`` (``exact``, ``fma_chain``,
+``pairwise``, ``wide``). The kernels in this module work on *term arrays* whose first axis is K and are
+vectorized over every other axis; :mod:`fpsim.mma.gemm` feeds them rows (``dot``) or tiles (``matmul``).
+
+The BFMA (reference ``tensorcore.md`` section 1) for one block of ``k`` products and an addend ``c``:
+
+1. every nonzero product ``a_i*b_i`` is exact; its *unnormalised* exponent is ``E_i = e_a + e_b`` with
+   ``e_x = max(floor(log2|x|), emin_IN)``; the addend's exponent ``E_c`` comes from its binary32 encoding;
+2. ``E_max = max(E_i, E_c, mel)`` over nonzero terms;
+3. every term's magnitude is truncated to the grid ``2**(E_max - 23 - neab)`` on its own
+   (sign-magnitude truncation), i.e. ``Q_i = trunc(v_i * 2**(23 + neab - E_max))``;
+4. the integers ``Q_i`` are summed exactly;
+5. the block value is rounded once, to ``mb`` fraction bits (RZ for fp32 out, RNE for fp16 out) with the
+   quantum clamped at the output format's ``emin`` (subnormal outputs).
+
+Integer-valued floats carry the ``Q_i``: products of fp16/fp8 inputs are exact in float32 and scaling by a
+power of two is exact, so ``numpy.trunc`` performs step 3 exactly; the sums run in float64, exact because
+every partial sum stays below ``2**53``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import numpy as np
+
+from ..formats import Format, FormatLike, as_format, fp16, fp32
+from ..rounding import round as _fround
+
+__all__ = [
+    "KINDS",
+    "MMAModel",
+    "as_model",
+    "exact",
+    "fma_chain",
+    "generic",
+    "pairwise",
+    "wide",
+]
+
+Kind = Literal["bfma", "exact", "fma_chain", "pairwise", "wide"]
+KINDS: tuple[str, ...] = ("bfma", "exact", "fma_chain", "pairwise", "wide")
+_ROUNDINGS = ("rz", "rne")
+_C_ENTRIES = ("inside", "late")
+_GROUPINGS = ("none", "mod4")
+
+#: Exponent given to zero (and non-finite) values so that they never win ``E_max``.
+NO_EXP = -8000
+
+
+@dataclass(frozen=True)
+class MMAModel:
+    """One matrix-multiply-accumulate data path: ``D = C + A @ B`` as some hardware (or rule) computes it.
+
+    Parameters
+    ----------
+    name : str
+        Readable identifier, e.g. ``"h100 fp16->fp32"``.
+    kind : {"bfma", "exact", "fma_chain", "pairwise", "wide"}
+        ``"bfma"``: the hardware block-FMA chain described by the fields below. Generic comparisons:
+        ``"exact"`` (exact dot product plus C, rounded once, RNE, to `output`), ``"fma_chain"`` (``d := c``,
+        then ``d := fma(a_i, b_i, d)`` correctly rounded (RNE) in `acc` in index order; a CPU loop),
+        ``"pairwise"`` (products rounded to `acc`, summed by a pairwise tree in `acc` with RNE, then C
+        added), ``"wide"`` (products and C summed in float64 in index order, then rounded once).
+        Generic kinds round their `acc` result to `output` (RNE) at the end.
+    input : Format
+        Format of the A and B entries (fp16, bf16, tf32, fp8_e4m3, fp8_e5m2 for hardware paths).
+    output : Format
+        Format of C and D (fp32 or fp16). C is rounded (RNE) to it before use.
+    k : int
+        BFMA block size: products aligned and summed together before one rounding.
+    neab : int
+        Extra alignment bits: terms are truncated to ``23 + neab`` fraction bits below ``E_max``
+        (negative for FP8 on Ada/Hopper: the 13-bit "FP22" accumulator).
+    mel : int or None
+        Exponent floor for ``E_max`` (``min_exp_limit``); ``None`` when absent.
+    rounding : {"rz", "rne"}
+        Rounding of each block result: ``"rz"`` (truncation; fp32 out) or ``"rne"`` (fp16 out).
+    mb : int
+        Fraction bits kept in each block result (23 for fp32, 13 for the FP22 accumulator, 10 for fp16).
+    c_entry : {"inside", "late"}
+        How C enters one instruction: ``"inside"`` = as a term of the first BFMA (aligned and truncated
+        with the products); ``"late"`` = the instruction's products are reduced from 0 and C is added
+        afterwards by one correctly rounded (RNE) addition in `output` (variants V1 and V3).
+    grouping : {"none", "mod4"}
+        ``"mod4"`` = variant V1 (Hopper/Blackwell FP8 -> fp16 ``mma.sync``): one instruction of ``2k``
+        products is split into G0 = {i : i mod 4 in {0, 1}} and G1 = {i mod 4 in {2, 3}}, chained as two
+        BFMAs (G0 from 0, then G1 with the G0 result as addend).
+    acc : Format
+        Accumulator format of the generic ``fma_chain`` and ``pairwise`` kinds.
+    source, confidence : str
+        Where the parameters come from and how sure we are (presets fill these in).
+
+    Examples
+    --------
+    >>> from fpsim.mma import get_model
+    >>> m = get_model("h100", "fp16")
+    >>> (m.k, m.neab, m.mel, m.rounding, m.mb)
+    (16, 2, -133, 'rz', 23)
+    >>> m.instruction_k
+    16
+    """
+
+    name: str
+    kind: Kind = "bfma"
+    input: Format = fp16
+    output: Format = fp32
+    k: int = 1
+    neab: int = 0
+    mel: int | None = None
+    rounding: str = "rz"
+    mb: int = 23
+    c_entry: str = "inside"
+    grouping: str = "none"
+    acc: Format = fp32
+    source: str = field(default="", compare=False)
+    confidence: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "input", as_format(self.input))
+        object.__setattr__(self, "output", as_format(self.output))
+        object.__setattr__(self, "acc", as_format(self.acc))
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown MMA model kind {self.kind!r}; valid: {', '.join(KINDS)}")
+        if self.rounding not in _ROUNDINGS:
+            raise ValueError(f"unknown block rounding {self.rounding!r}; valid: {', '.join(_ROUNDINGS)}")
+        if self.c_entry not in _C_ENTRIES:
+            raise ValueError(f"unknown c_entry {self.c_entry!r}; valid: {', '.join(_C_ENTRIES)}")
+        if self.grouping not in _GROUPINGS:
+            raise ValueError(f"unknown grouping {self.grouping!r}; valid: {', '.join(_GROUPINGS)}")
+        if not isinstance(self.k, (int, np.integer)) or self.k < 1:
+            raise ValueError(f"block size k must be a positive integer, got {self.k!r}")
+        if self.grouping == "mod4" and self.k % 2:
+            raise ValueError(f"grouping 'mod4' needs an even k (2k must be a multiple of 4), got k={self.k}")
+        if not 0 <= self.mb <= 52:
+            raise ValueError(f"mb must lie in [0, 52], got {self.mb!r}")
+        if self.kind == "bfma":
+            if self.input.p > 24 or self.input.emax > 127:
+                raise ValueError(f"BFMA input format {self.input.name} is wider than fp32; the model "
+                                 "assumes products exact in float64 and inputs inside the fp32 range")
+            if self.output.p > 24:
+                raise ValueError(f"BFMA output format {self.output.name} is wider than fp32")
+            if not self.output.has_inf:
+                raise ValueError(f"BFMA output format {self.output.name} has no infinity")
+        else:
+            if self.input.p > 26:
+                raise ValueError(f"generic models need inputs of at most 26 significant bits (products exact in "
+                                 f"float64); {self.input.name} has {self.input.p}")
+            if self.output.p > 25 or self.acc.p > 25:
+                raise ValueError("generic models round to formats of at most 25 significant bits "
+                                 f"(output {self.output.name}, acc {self.acc.name})")
+
+    @property
+    def instruction_k(self) -> int:
+        """Products consumed by one instruction: ``2k`` for the mod-4 grouping, else ``k`` (1 for generics)."""
+        return 2 * self.k if self.grouping == "mod4" else self.k
+
+    def with_(self, **changes: Any) -> MMAModel:
+        """A copy with some fields changed (``dataclasses.replace``), e.g. ``m.with_(neab=2)``."""
+        return replace(self, **changes)
+
+    def describe(self) -> str:
+        """Multi-line summary of the parameters, their source and confidence."""
+        if self.kind != "bfma":
+            lines = [(f"{self.name}: generic '{self.kind}' model, {self.input.name} inputs, "
+                     f"accumulator {self.acc.name}, output {self.output.name}")]
+        else:
+            lines = [
+                f"{self.name}: BFMA {self.input.name} -> {self.output.name}",
+                (f"  block k={self.k}, neab={self.neab} ({23 + self.neab} grid bits), mel={self.mel}, "
+                f"result {self.rounding.upper()} to {self.mb} fraction bits"),
+                f"  C enters {self.c_entry}; grouping {self.grouping}; instruction depth {self.instruction_k}",
+            ]
+        if self.source:
+            lines.append(f"  source: {self.source}")
+        if self.confidence:
+            lines.append(f"  confidence: {self.confidence}")
+        return "\n".join(lines)
+
+
+def generic(kind: str, output: FormatLike = "fp32", *, input: FormatLike = "fp32",
+            acc: FormatLike = "fp32") -> MMAModel:
+    """A generic (non-hardware) model: ``"exact"``, ``"fma_chain"``, ``"pairwise"`` or ``"wide"``.
+
+    Examples
+    --------
+    >>> m = generic("fma_chain", "fp16")
+    >>> (m.name, m.kind, m.acc.name, m.output.name)
+    ('fma_chain->fp16', 'fma_chain', 'fp32', 'fp16')
+    """
+    if kind not in KINDS or kind == "bfma":
+        raise ValueError(f"unknown generic model {kind!r}; valid: exact, fma_chain, pairwise, wide")
+    out = as_format(output)
+    name = kind if out == fp32 else f"{kind}->{out.name}"
+    return MMAModel(name=name, kind=kind, input=as_format(input), output=out, acc=as_format(acc),  # type: ignore[arg-type]
+                    rounding="rne", mb=out.mbits, source="plain arithmetic (not a hardware claim)",
+                    confidence="exact by construction")
+
+
+#: Exact dot product plus C, rounded once (RNE) to fp32.
+exact: MMAModel = generic("exact")
+#: Sequential correctly rounded fp32 FMAs in index order (a CPU loop).
+fma_chain: MMAModel = generic("fma_chain")
+#: Products rounded to fp32, pairwise tree of fp32 additions, then C.
+pairwise: MMAModel = generic("pairwise")
+#: float64 accumulation in index order, one rounding to fp32.
+wide: MMAModel = generic("wide")
+
+_GENERICS = {"exact": exact, "fma_chain": fma_chain, "pairwise": pairwise, "wide": wide}
+
+
+def as_model(model: MMAModel | str | None) -> MMAModel:
+    """Parse a model argument: an :class:`MMAModel`, a generic name, ``"device:input[:output]"``, or None (exact).
+
+    Examples
+    --------
+    >>> as_model("h100:fp8_e4m3").mb
+    13
+    >>> as_model(None).kind
+    'exact'
+    """
+    if model is None:
+        return exact
+    if isinstance(model, MMAModel):
+        return model
+    if isinstance(model, str):
+        key = model.strip().lower()
+        if key in _GENERICS:
+            return _GENERICS[key]
+        if ":" in key:
+            from .presets import get_model  # presets import this module: resolve lazily
+
+            parts = key.split(":")
+            if len(parts) in (2, 3):
+                return get_model(*parts)
+        raise ValueError(f"unknown model {model!r}; valid: an MMAModel, one of {', '.join(_GENERICS)}, "
+                         "or 'device:input[:output]' such as 'h100:fp16:fp32'")
+    raise TypeError(f"model must be an MMAModel or a str, got {type(model).__name__}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Helpers shared by the kernels
+# ---------------------------------------------------------------------------------------------------------
+
+def exponents(x: np.ndarray, emin: int) -> np.ndarray:
+    """``max(floor(log2|x|), emin)`` as int16 for finite nonzero x, :data:`NO_EXP` for zero and non-finite."""
+    with np.errstate(invalid="ignore"):
+        _, e = np.frexp(x)
+    e = np.maximum(e.astype(np.int16) - 1, np.int16(emin))
+    ok = np.isfinite(x) & (x != 0)
+    res: np.ndarray = np.where(ok, e, np.int16(NO_EXP)).astype(np.int16)
+    return res
+
+
+def product_dtype(fmt: Format) -> type[np.floating[Any]]:
+    """float32 when every product of two `fmt` values and its scaled terms are exact in float32, else float64."""
+    lo = 2 * (fmt.emin - fmt.mbits)
+    if 2 * fmt.p <= 24 and 2 * fmt.emax + 2 < 100 and lo > -100:
+        return np.float32
+    return np.float64
+
+
+def round_block(v: np.ndarray, mb: int, emin: int, emax: int, rz: bool) -> np.ndarray:
+    """Round exact float64 values to ``mb`` fraction bits, quantum clamped at ``2**(emin-mb)``; overflow -> inf.
+
+    RZ (truncation) when `rz`, else RNE. Zero results are +0 (signed zero is not modelled).
+    """
+    _, ex = np.frexp(v)
+    q = np.maximum(ex - 1, emin) - mb
+    y = np.ldexp(v, -q)
+    y = np.trunc(y) if rz else np.rint(y)
+    d = np.ldexp(y, q)
+    big = np.abs(d) >= math.ldexp(1.0, emax + 1)
+    if big.any():
+        d = np.where(big, np.copysign(np.inf, d), d)
+    res: np.ndarray = d + 0.0  # -0 -> +0
+    return res
+
+
+def _rne_out(x: np.ndarray, out: Format) -> np.ndarray:
+    """RNE to `out` (IEEE overflow) of exact-or-innocuously-rounded float64 values."""
+    if out == fp32:
+        with np.errstate(over="ignore"):
+            return x.astype(np.float32).astype(np.float64)
+    return np.asarray(_fround(x, out, "rne"), dtype=np.float64)
+
+
+def _two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    s = a + b
+    bp = s - a
+    e = (a - (s - bp)) + (b - bp)
+    return s, e
+
+
+def _round_to_odd(s: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """Given s = fl(x) and e = x - s exactly, the float64 nearest x toward zero made odd (round-to-odd)."""
+    bits = s.view(np.int64)
+    even = (bits & 1) == 0
+    fix = (e != 0) & even & np.isfinite(s) & np.isfinite(e)
+    if fix.any():
+        s = np.where(fix, np.nextafter(s, s + np.copysign(np.inf, e)), s)
+    return s
+
+
+def fma_round(p: np.ndarray, z: np.ndarray, fmt: Format) -> np.ndarray:
+    """RNE_fmt(p + z) for float64 p (exact), z; one correct rounding (via round-to-odd, fmt p <= 51)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        s, e = _two_sum(p, z)
+        s = _round_to_odd(s, e)
+        return _rne_out(s, fmt)
+
+
+def specials(prod_nonfinite: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+             c: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Special-value result of a block: (mask, value) where the result is NaN/inf by step 0, else None."""
+    with np.errstate(invalid="ignore"):
+        cn, cp, cm = np.isnan(c), c == np.inf, c == -np.inf
+    if prod_nonfinite is not None:
+        pn, pp, pm = prod_nonfinite
+        cn, cp, cm = cn | pn, cp | pp, cm | pm
+    mask = cn | cp | cm
+    if not mask.any():
+        return None
+    val = np.where(cn | (cp & cm), np.nan, np.where(cp, np.inf, -np.inf))
+    return mask, val
+
+
+def prod_flags(prod: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-output flags (any NaN, any +inf, any -inf) over axis 0 of a product block."""
+    with np.errstate(invalid="ignore"):
+        return np.isnan(prod).any(0), (prod == np.inf).any(0), (prod == -np.inf).any(0)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The BFMA kernel
+# ---------------------------------------------------------------------------------------------------------
+
+def bfma(prod: np.ndarray, e: np.ndarray, c: np.ndarray, model: MMAModel, *,
+         has_specials: bool = False) -> np.ndarray:
+    """One block FMA for every output at once.
+
+    Parameters
+    ----------
+    prod : ndarray, shape (k, *S)
+        Exact products ``a_i*b_i`` (float32 or float64); zeros for padding.
+    e : ndarray of int16, shape (k, *S)
+        Unnormalised product exponents ``e_a + e_b`` (:data:`NO_EXP`-based for zero factors).
+    c : ndarray of float64, shape S
+        Addends, values of the model's output format (or fp32).
+    has_specials : bool
+        Whether `prod` may hold NaN or infinities (checked by the caller once per GEMM).
+
+    Returns
+    -------
+    ndarray of float64, shape S
+    """
+    spec = None
+    cfin = bool(np.isfinite(c).all())
+    if has_specials or not cfin:
+        flags = prod_flags(prod) if has_specials else None
+        spec = specials(flags, c)
+        if has_specials:
+            with np.errstate(invalid="ignore"):
+                prod = np.where(np.isfinite(prod), prod, prod.dtype.type(0))
+        if not cfin:
+            c = np.where(np.isfinite(c), c, 0.0)
+    ec = exponents(c, -126)  # c's binary32 exponent, also in fp16-out mode
+    emax_ = np.maximum(e.max(axis=0), ec).astype(np.int32)
+    if model.mel is not None:
+        emax_ = np.maximum(emax_, model.mel)
+    sh = 23 + model.neab - emax_  # terms are scaled by 2**sh, then truncated
+    if prod.dtype == np.float32:
+        # Clipping only matters when no nonzero float32-safe product exists (see product_dtype).
+        scale = np.ldexp(np.float32(1.0), np.clip(sh, -149, 127).astype(np.int32))
+    else:
+        scale = np.ldexp(1.0, np.clip(sh, -1074, 1023).astype(np.int32))
+    with np.errstate(under="ignore"):
+        x = prod * scale
+    np.trunc(x, out=x)
+    s = np.add.reduce(x, axis=0, dtype=np.float64)
+    s += np.trunc(np.ldexp(c, np.clip(sh, -1074, 1023)))
+    v = np.ldexp(s, -sh)
+    out = model.output
+    d = round_block(v, model.mb, out.emin, out.emax, model.rounding == "rz")
+    if spec is not None:
+        d = np.where(spec[0], spec[1], d)
+    return d
+
+
+def bfma_instruction(prod: np.ndarray, e: np.ndarray, c: np.ndarray, model: MMAModel, *,
+                     has_specials: bool = False) -> np.ndarray:
+    """One instruction of ``model.instruction_k`` products (plain, late-C, or mod-4 grouped); shape (kI, *S)."""
+    if model.grouping == "mod4":
+        idx = np.arange(prod.shape[0])
+        g0 = (idx % 4) < 2
+        zero = np.zeros(c.shape)
+        d = bfma(prod[g0], e[g0], zero, model, has_specials=has_specials)
+        d = bfma(prod[~g0], e[~g0], d, model, has_specials=has_specials)
+        return _late_add(d, c, model.output)
+    if model.c_entry == "late":
+        d = bfma(prod, e, np.zeros(c.shape), model, has_specials=has_specials)
+        return _late_add(d, c, model.output)
+    return bfma(prod, e, c, model, has_specials=has_specials)
+
+
+def _late_add(d: np.ndarray, c: np.ndarray, out: Format) -> np.ndarray:
+    """RNE_out(d + c) for two values of `out` (exact-enough in float64: innocuous double rounding)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return _rne_out(d + c, out) + 0.0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Generic kernels (all terms along axis 0)
+# ---------------------------------------------------------------------------------------------------------
+
+_W = 26  # limb width: two limbs (52 bits) fit a float64 exactly
+
+
+def exact_sum(terms: np.ndarray, lsb: int, top: int) -> np.ndarray:
+    """A float64 per output that rounds exactly like ``sum(terms, axis=0)`` to any precision <= 25 bits.
+
+    Every term must be a finite float64 that is an integer multiple of ``2**lsb`` with ``|term| < 2**top``.
+    The exact sum is accumulated in 26-bit int64 limbs; the top 52 bits plus a sticky half-unit are returned.
+    """
+    n = max(1, -(-(top - lsb) // _W))
+    shape = terms.shape[1:]
+    nl = n + 3
+    limbs = np.zeros((nl,) + shape, dtype=np.int64)
+    r = np.ldexp(terms, -lsb)
+    for j in range(n - 1, -1, -1):
+        if j:
+            d = np.trunc(np.ldexp(r, -_W * j))
+            r = r - np.ldexp(d, _W * j)
+        else:
+            d = r
+        limbs[j] = np.add.reduce(d, axis=0).astype(np.int64)  # exact: |d| < 2**26, fewer than 2**27 terms
+    mask = (1 << _W) - 1
+
+    def normalise(lb: np.ndarray) -> None:
+        for j in range(nl - 1):
+            carry = lb[j] >> _W
+            lb[j] &= mask
+            lb[j + 1] += carry
+
+    normalise(limbs)
+    neg = limbs[nl - 1] < 0
+    if neg.any():
+        limbs = np.where(neg, -limbs, limbs)
+        normalise(limbs)
+    nz = limbs != 0
+    anynz = nz.any(0)
+    h = (nl - 1) - np.argmax(nz[::-1], axis=0)
+    hi = np.take_along_axis(limbs, h[None], 0)[0]
+    lo = np.take_along_axis(limbs, np.maximum(h - 1, 0)[None], 0)[0]
+    lo = np.where(h >= 1, lo, 0)
+    below = np.logical_or.accumulate(nz, axis=0)  # below[j]: some limb <= j is nonzero
+    sticky = np.take_along_axis(below, np.maximum(h - 2, 0)[None], 0)[0] & (h >= 2)
+    y = (hi.astype(np.float64) * float(1 << _W) + lo.astype(np.float64)) + 0.5 * sticky
+    y = np.ldexp(y, (_W * (h - 1) + lsb).astype(np.int32))
+    y = np.where(anynz, y, 0.0)
+    return np.where(neg, -y, y)
+
+
+def term_range(x: np.ndarray, fmt: Format) -> tuple[int, int]:
+    """(lsb, top) of nonzero finite values of format `fmt` in x: multiples of 2**lsb, below 2**top."""
+    e = exponents(x, fmt.emin)
+    ok = e != NO_EXP
+    if not ok.any():
+        return 0, 0
+    return int(e[ok].min()) - fmt.mbits, int(e[ok].max()) + 1
+
+
+def generic_reduce(prod: np.ndarray, c: np.ndarray, model: MMAModel, lsb_top: tuple[int, int] | None,
+                   *, has_specials: bool = False) -> np.ndarray:
+    """Apply a generic model to exact float64 products ``prod`` (K, *S) and addends c (S)."""
+    out = model.output
+    kind = model.kind
+    if kind == "exact":
+        spec = None
+        if has_specials or not np.isfinite(c).all():
+            spec = specials(prod_flags(prod) if has_specials else None, c)
+            with np.errstate(invalid="ignore"):
+                prod = np.where(np.isfinite(prod), prod, 0.0)
+                c = np.where(np.isfinite(c), c, 0.0)
+        lsb, top = lsb_top if lsb_top is not None else (-1074, 1024)
+        lc, tc = term_range(c, fp32)
+        if (c != 0).any():
+            lsb, top = min(lsb, lc), max(top, tc)
+        terms = np.concatenate([prod, c[None]], axis=0) if prod.shape[0] else c[None]
+        y = exact_sum(terms, lsb, top)
+        d = _rne_out(y, out) + 0.0
+        if spec is not None:
+            d = np.where(spec[0], spec[1], d)
+        return d
+    with np.errstate(invalid="ignore", over="ignore"):
+        if kind == "fma_chain":
+            d = c.astype(np.float64)
+            for i in range(prod.shape[0]):
+                d = fma_round(prod[i].astype(np.float64), d, model.acc)
+        elif kind == "pairwise":
+            t = _rne_out(prod.astype(np.float64), model.acc)
+            while t.shape[0] > 1:
+                m = t.shape[0] // 2
+                pair = _rne_out(t[: 2 * m : 2] + t[1 : 2 * m : 2], model.acc)
+                t = np.concatenate([pair, t[2 * m :]], axis=0) if t.shape[0] % 2 else pair
+            s = t[0] if t.shape[0] else np.zeros(c.shape)
+            d = _rne_out(s + c, model.acc)
+        elif kind == "wide":
+            d = c.astype(np.float64)
+            for i in range(prod.shape[0]):
+                d = d + prod[i]
+        else:  # pragma: no cover - guarded by MMAModel
+            raise ValueError(f"not a generic model kind: {kind!r}")
+        return _rne_out(d, out) + 0.0
