@@ -9,7 +9,7 @@ import numpy as np
 from .formats import Format, FormatLike, NaNEncoding, as_format
 from .rounding import Overflow, RoundingLike, _as_float_array, round
 
-__all__ = ["to_bits", "from_bits", "bits_str", "to_ml_dtypes", "code_dtype"]
+__all__ = ["to_bits", "from_bits", "bits_str", "to_ml_dtypes", "ml_dtype", "code_dtype"]
 
 
 def code_dtype(fmt: FormatLike) -> type:
@@ -36,7 +36,8 @@ def _encode(v: np.ndarray, f: Format) -> np.ndarray:
     e = e.astype(np.int64) - 1  # a = (2m) * 2**e
     normal = fin & (a >= f.min_normal)
     ef = np.where(normal, e + f.bias - (0 if f.has_zero else 0), 0)
-    frac = np.where(normal, np.ldexp(2 * m - 1, f.mbits), np.ldexp(a, f.mbits - f.emin))
+    with np.errstate(over="ignore"):  # both branches are evaluated; only the selected one is used
+        frac = np.where(normal, np.ldexp(2 * m - 1, f.mbits), np.ldexp(a, f.mbits - f.emin))
     frac = np.where(fin, frac, 0)
     if np.any(fin & (frac != np.floor(frac))):
         bad = v[fin & (frac != np.floor(frac))].ravel()[0]
@@ -85,14 +86,22 @@ def from_bits(codes: Any, fmt: FormatLike) -> Any:
     c = np.asarray(codes)
     if c.dtype.kind not in "iu":
         raise TypeError(f"codes must be integers, got dtype {c.dtype}")
-    if c.size and (np.any(c < 0) or np.any(c.astype(np.uint64) >= np.uint64(1) << np.uint64(f.width))):
-        bad = c[(c < 0) | (c.astype(np.uint64) >= (np.uint64(1) << np.uint64(f.width)))].ravel()[0]
+    top = np.uint64((1 << f.width) - 1)  # as a Python int first: 1 << 64 does not fit in uint64
+    if c.size and (np.any(c < 0) or np.any(c.astype(np.uint64) > top)):
+        bad = c[(c < 0) | (c.astype(np.uint64) > top)].ravel()[0]
         raise ValueError(f"code {int(bad)} does not fit in {f.name}'s {f.width} bits")
     c = c.astype(np.uint64)
     mb = np.uint64(f.mbits)
     mant = (c & ((np.uint64(1) << mb) - np.uint64(1))).astype(np.float64)
     ef = ((c >> mb) & np.uint64((1 << f.ebits) - 1)).astype(np.int64)
     neg = ((c >> np.uint64(f.width - 1)) & np.uint64(1)).astype(bool) if f.signed else np.zeros(c.shape, bool)
+    with np.errstate(over="ignore"):  # the all-ones exponent of inf/NaN codes, replaced below
+        mag = _decode_magnitude(ef, mant, f)
+    top_ef = (1 << f.ebits) - 1
+    return _finish_decode(c, ef, mant, neg, mag, top_ef, f)
+
+
+def _decode_magnitude(ef: np.ndarray, mant: np.ndarray, f: Format) -> np.ndarray:
     if f.has_zero:
         sub = ef == 0
         mag = np.where(
@@ -102,7 +111,11 @@ def from_bits(codes: Any, fmt: FormatLike) -> Any:
         )
     else:
         mag = np.ldexp(1.0 + np.ldexp(mant, -f.mbits), (ef - f.bias).astype(np.int32))
-    top = (1 << f.ebits) - 1
+    return np.asarray(mag)
+
+
+def _finish_decode(c: np.ndarray, ef: np.ndarray, mant: np.ndarray, neg: np.ndarray, mag: np.ndarray, top: int,
+                   f: Format) -> Any:
     if f.has_inf:
         mag = np.where((ef == top) & (mant == 0), np.inf, mag)
     if f.nan is NaNEncoding.IEEE:
@@ -111,7 +124,7 @@ def from_bits(codes: Any, fmt: FormatLike) -> Any:
         mag = np.where((ef == top) & (mant == (1 << f.mbits) - 1), np.nan, mag)
     v = np.where(neg, -mag, mag)
     if f.nan is NaNEncoding.NEG_ZERO:
-        v = np.where(c == np.uint64(f.nan_code), np.nan, v)
+        v = np.where(c == np.uint64(f.nan_code), np.nan, v)  # type: ignore[arg-type]  # set for NEG_ZERO
     v = np.asarray(v, dtype=np.float64)
     return v[()] if v.ndim == 0 else v
 
@@ -169,10 +182,12 @@ def ml_dtype(fmt: FormatLike) -> np.dtype:
     if name is None:
         raise ValueError(f"{f.name} has no NumPy/ml_dtypes storage type; formats that do: {', '.join(_ML_NAMES)}")
     if hasattr(np, name) and name.startswith("float") and name in ("float64", "float32", "float16"):
-        return np.dtype(getattr(np, name))
+        dt: np.dtype = np.dtype(getattr(np, name))
+        return dt
     import ml_dtypes
 
-    return np.dtype(getattr(ml_dtypes, name))
+    mdt: np.dtype = np.dtype(getattr(ml_dtypes, name))
+    return mdt
 
 
 def to_ml_dtypes(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, overflow: Overflow | str = "ieee",

@@ -35,6 +35,9 @@ __all__ = [
     "fp6_e3m2",
     "fp4_e2m1",
     "e8m0",
+    "fp8_e4m3_ieee",
+    "fp8_e3m4",
+    "fp8_e4m3b11fnuz",
 ]
 
 

@@ -102,8 +102,8 @@ def as_overflow(policy: Overflow | str) -> Overflow:
 
 @dataclass(frozen=True)
 class _Carrier:
-    ftype: type
-    utype: type
+    ftype: type[np.floating[Any]]
+    utype: type[np.unsignedinteger[Any]]
     M: int  # stored mantissa bits
     B: int  # exponent bias
     W: int  # width
@@ -157,26 +157,26 @@ def _plan(c: _Carrier, fmt: Format, mode: Rounding, overflow: Overflow, subnorma
     )
 
 
-def _kept_lsb(u: np.ndarray, d: Any, c: _Carrier) -> np.ndarray:
+def _kept_lsb(u: np.ndarray, d: Any, c: _Carrier) -> Any:
     """Lowest kept bit of the significand (hidden bit included) after dropping ``d`` bits.
 
     For ``d == M`` that is the hidden bit (1 for normal carrier values, 0 for subnormal ones), not the
     exponent field's low bit. This makes one-bit precisions (e8m0) round ties away, as MPFR does.
     """
     one = c.utype(1)
-    if np.isscalar(d):
+    if isinstance(d, (int, np.integer)):
         return (u >> d) & one if d < c.M else np.minimum(u >> d, one)
     return np.where(d == c.M, np.minimum(u >> d, one), (u >> d) & one)
 
 
-def _round_mag(u: np.ndarray, neg: np.ndarray, d: Any, pl: _Plan, rand: np.ndarray | None) -> np.ndarray:
+def _round_mag(u: np.ndarray, neg: np.ndarray, d: Any, pl: _Plan, rand: np.ndarray | None) -> Any:
     """Round magnitudes ``u`` (carrier bits, sign cleared) by clearing ``d`` low bits, 1 <= d <= M.
 
     ``d`` is a scalar or an array like ``u``; ``neg`` flags negative inputs (directed modes).
     """
     ut = pl.c.utype
     one = ut(1)
-    if np.isscalar(d):
+    if isinstance(d, (int, np.integer)):
         d = ut(d)
     else:
         d = d.astype(ut, copy=False)
@@ -207,7 +207,7 @@ def _round_mag(u: np.ndarray, neg: np.ndarray, d: Any, pl: _Plan, rand: np.ndarr
     return (ut_trunc + ((rand >> (W - d + k)) << k)) & keep
 
 
-def _round_tiny(u: np.ndarray, neg: np.ndarray, pl: _Plan, rand: np.ndarray | None) -> np.ndarray:
+def _round_tiny(u: np.ndarray, neg: np.ndarray, pl: _Plan, rand: np.ndarray | None) -> Any:
     """Round magnitudes below the target's min normal (the fixed subnormal grid)."""
     c = pl.c
     ut = c.utype
@@ -250,7 +250,7 @@ def _round_tiny(u: np.ndarray, neg: np.ndarray, pl: _Plan, rand: np.ndarray | No
     return out
 
 
-def _special(u_in: np.ndarray, u_r: np.ndarray, neg: np.ndarray, pl: _Plan) -> np.ndarray:
+def _special(u_in: np.ndarray, u_r: np.ndarray, neg: np.ndarray, pl: _Plan) -> Any:
     """Results for NaN and infinite inputs and for rounded magnitudes beyond the format's max."""
     fmt = pl.fmt
     ut = pl.c.utype
@@ -277,7 +277,7 @@ def _special(u_in: np.ndarray, u_r: np.ndarray, neg: np.ndarray, pl: _Plan) -> n
     return np.where(u_in > ut(pl.inf_bits), ut(pl.nan_bits), out).astype(ut)
 
 
-def _kernel(bits: np.ndarray, pl: _Plan, rng: np.random.Generator | None) -> np.ndarray:
+def _kernel(bits: np.ndarray, pl: _Plan, rng: np.random.Generator | None) -> Any:
     """Round one chunk of carrier bit patterns; returns new bit patterns."""
     c = pl.c
     ut = c.utype
@@ -421,8 +421,8 @@ def _round_array_impl(a: np.ndarray, fmt: Format, mode: Rounding, overflow: Over
     src = np.ascontiguousarray(a).reshape(-1)
     if src.dtype != c.ftype:
         src = src.astype(c.ftype)
-    res = np.empty(src.size, dtype=c.utype)
-    sb = src.view(c.utype)
+    res: np.ndarray = np.empty(src.size, dtype=c.utype)
+    sb: np.ndarray = src.view(c.utype)
     if use_c_kernel and _ckernel is not None:
         params = _c_params(pl)
         step = _CHUNK * 8
@@ -432,7 +432,7 @@ def _round_array_impl(a: np.ndarray, fmt: Format, mode: Rounding, overflow: Over
     else:
         for i in range(0, src.size, _CHUNK):
             res[i : i + _CHUNK] = _kernel(sb[i : i + _CHUNK], pl, rng)
-    out = res.view(c.ftype)
+    out: np.ndarray = res.view(c.ftype)
     if out.dtype != out_dtype:
         out = out.astype(out_dtype)
     return out.reshape(a.shape)
