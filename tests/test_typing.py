@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STRICT = [
     "fpsim/__init__.py",
     "fpsim/formats.py",
+    "fpsim/rounding.py",
     "fpsim/bits.py",
     "fpsim/_deprecation.py",
     "fpsim/testing/__init__.py",
