@@ -1,0 +1,337 @@
+"""``mma.sync`` instructions: PTX strings, register fragment layouts, host-side packing and kernel source.
+
+Everything here is pure NumPy/string work, so it is tested without a GPU. A warp of 32 lanes executes one
+``mma.sync.aligned.m16n8kK.row.col`` instruction: ``D (16x8) = A (16xK) @ B (Kx8) + C (16x8)``. Each lane
+holds a fixed set of elements of A, B, C and D in 32-bit registers; which elements is given by the PTX ISA
+("Matrix fragments for mma.m16n8k16 / m16n8k8 / m16n8k32"), with ``groupID = laneid >> 2`` and
+``threadID_in_group = laneid % 4``:
+
+* A, 16-bit types (k16), elements a0..a7, two per register (a0 in the low half):
+  row ``groupID`` for a0, a1, a4, a5 and ``groupID + 8`` otherwise; column ``2*tig + (i & 1)`` for i < 4,
+  plus 8 for i >= 4.
+* A, tf32 (k8), a0..a3, one per register: row ``groupID`` for a0, a2, ``groupID + 8`` for a1, a3; column
+  ``tig`` for a0, a1 and ``tig + 4`` for a2, a3.
+* A, 8-bit types (k32), a0..a15, four per register (a0 in the lowest byte): row ``groupID`` for
+  0 <= i < 4 or 8 <= i < 12, else ``groupID + 8``; column ``4*tig + (i & 3)`` for i < 8, plus 16 for i >= 8.
+* B (Kx8), column ``groupID``; row ``2*tig + (i & 1)`` (+8 for i >= 2) for 16-bit types, ``tig`` (+4 for b1)
+  for tf32, ``4*tig + (i & 3)`` (+16 for i >= 4) for 8-bit types.
+* C and D: row ``groupID`` for c0, c1 and ``groupID + 8`` for c2, c3; column ``2*tig + (i & 1)``. fp32
+  accumulators use one register per element, fp16 accumulators pack c0, c1 (and c2, c3) into one register.
+
+The host packs every tile's operands into per-lane register words (:func:`pack_a`, :func:`pack_b`,
+:func:`pack_c`), the kernel only loads words, runs the instruction and stores the D words, and the host
+unpacks them (:func:`unpack_d`). The layout logic therefore lives in one tested place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..bits import from_bits, to_bits
+from ..formats import Format, FormatLike, as_format, bf16, fp8_e4m3, fp8_e5m2, fp16, fp32, tf32
+
+__all__ = [
+    "KERNEL_NAME",
+    "PATHS",
+    "MMAInstruction",
+    "decode_d",
+    "fragment_coords",
+    "input_words",
+    "instruction_for",
+    "mma_kernel_source",
+    "pack_a",
+    "pack_b",
+    "pack_c",
+    "unpack_d",
+    "unpack_operand",
+]
+
+KERNEL_NAME = "fpsim_mma"
+
+_PTX_TYPE = {"fp16": "f16", "bf16": "bf16", "tf32": "tf32", "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2", "fp32": "f32"}
+
+
+@dataclass(frozen=True)
+class MMAInstruction:
+    """One ``mma.sync`` instruction shape and its operand types.
+
+    Attributes
+    ----------
+    input, output : Format
+        Types of A, B and of C, D.
+    k : int
+        K of the instruction (16 for fp16/bf16, 8 for tf32, 32 for FP8).
+    min_cc : int
+        Lowest compute capability (10*major + minor) that has it: 80, or 89 for FP8.
+    ptx_isa : str
+        Lowest PTX ISA version that has it.
+    """
+
+    input: Format
+    output: Format
+    k: int
+    min_cc: int
+    ptx_isa: str
+
+    m: int = 16
+    n: int = 8
+
+    @property
+    def bits(self) -> int:
+        """Bits per A/B element in a register (16, 32 for tf32, or 8)."""
+        return 32 if self.input == tf32 else self.input.width
+
+    @property
+    def per_reg(self) -> int:
+        """A/B elements per 32-bit register."""
+        return 32 // self.bits
+
+    @property
+    def a_regs(self) -> int:
+        return self.m * self.k // 32 // self.per_reg
+
+    @property
+    def b_regs(self) -> int:
+        return self.k * self.n // 32 // self.per_reg
+
+    @property
+    def c_per_reg(self) -> int:
+        """C/D elements per register: 1 for fp32, 2 for fp16."""
+        return 1 if self.output == fp32 else 2
+
+    @property
+    def c_regs(self) -> int:
+        return self.m * self.n // 32 // self.c_per_reg
+
+    @property
+    def ptx(self) -> str:
+        """The instruction mnemonic, e.g. ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32``."""
+        ti, to = _PTX_TYPE[self.input.name], _PTX_TYPE[self.output.name]
+        return f"mma.sync.aligned.m{self.m}n{self.n}k{self.k}.row.col.{to}.{ti}.{ti}.{to}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.input.name}->{self.output.name}"
+
+
+_INSTRUCTIONS: dict[tuple[str, str], MMAInstruction] = {
+    ("fp16", "fp32"): MMAInstruction(fp16, fp32, 16, 80, "7.0"),
+    ("fp16", "fp16"): MMAInstruction(fp16, fp16, 16, 80, "7.0"),
+    ("bf16", "fp32"): MMAInstruction(bf16, fp32, 16, 80, "7.0"),
+    ("tf32", "fp32"): MMAInstruction(tf32, fp32, 8, 80, "7.0"),
+    ("fp8_e4m3", "fp32"): MMAInstruction(fp8_e4m3, fp32, 32, 89, "8.4"),
+    ("fp8_e5m2", "fp32"): MMAInstruction(fp8_e5m2, fp32, 32, 89, "8.4"),
+    ("fp8_e4m3", "fp16"): MMAInstruction(fp8_e4m3, fp16, 32, 89, "8.7"),
+    ("fp8_e5m2", "fp16"): MMAInstruction(fp8_e5m2, fp16, 32, 89, "8.7"),
+}
+
+#: Every (input, output) path the cross-check and the probe know, in the order they run.
+PATHS: tuple[tuple[str, str], ...] = tuple(_INSTRUCTIONS)
+
+
+def _name(fmt: FormatLike) -> str:
+    if isinstance(fmt, str) and fmt.strip().lower() in ("e4m3", "e5m2"):
+        fmt = "fp8_" + fmt.strip().lower()
+    return as_format(fmt).name
+
+
+def instruction_for(input: FormatLike, output: FormatLike = "fp32") -> MMAInstruction:
+    """The ``mma.sync`` instruction for an input/output pair.
+
+    Examples
+    --------
+    >>> instruction_for("bf16").ptx
+    'mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32'
+    >>> instruction_for("e4m3", "fp16").k
+    32
+    """
+    key = (_name(input), _name(output))
+    try:
+        return _INSTRUCTIONS[key]
+    except KeyError:
+        valid = ", ".join(f"{i}->{o}" for i, o in _INSTRUCTIONS)
+        raise ValueError(f"no mma.sync path for {key[0]}->{key[1]}; valid: {valid}") from None
+
+
+def fragment_coords(ins: MMAInstruction, operand: str) -> tuple[np.ndarray, np.ndarray]:
+    """(row, col) of every element each lane holds: two int arrays of shape (32, elements per lane).
+
+    Element ``i`` of lane ``l`` sits in bits ``(i % per_reg) * bits`` of register ``i // per_reg``.
+    `operand` is ``"a"`` (16 x K), ``"b"`` (K x 8) or ``"c"`` (16 x 8, also D).
+    """
+    lane = np.arange(32)[:, None]
+    g, t = lane >> 2, lane % 4
+    if operand == "a":
+        e = ins.per_reg
+        i = np.arange(ins.m * ins.k // 32)[None, :]
+        row = g + 8 * ((i // e) % 2)
+        col = e * t + (i % e) + (ins.k // 2) * (i // (2 * e))
+    elif operand == "b":
+        e = ins.per_reg
+        i = np.arange(ins.k * ins.n // 32)[None, :]
+        row = e * t + (i % e) + (ins.k // 2) * (i // e)
+        col = g + 0 * i
+    elif operand == "c":
+        i = np.arange(4)[None, :]
+        row = g + 8 * (i // 2)
+        col = 2 * t + (i % 2)
+    else:
+        raise ValueError(f"operand must be 'a', 'b' or 'c', got {operand!r}")
+    return np.broadcast_to(row, col.shape).copy(), col
+
+
+def input_words(x: np.ndarray, fmt: Format) -> np.ndarray:
+    """Register codes of input values: the format's bit pattern (uint), fp32 bits for tf32.
+
+    tf32 operands travel in fp32 registers; the Tensor Core ignores the low 13 fraction bits.
+    """
+    if fmt == tf32:
+        return np.ascontiguousarray(np.asarray(x, dtype=np.float32)).view(np.uint32)
+    return np.asarray(to_bits(np.asarray(x, dtype=np.float64), fmt), dtype=np.uint32)
+
+
+def _pack(codes: np.ndarray, rows: np.ndarray, cols: np.ndarray, per_reg: int, bits: int) -> np.ndarray:
+    """Gather (T, R, C) codes into (T, 32, regs) uint32 words, element j of a register at bit j*bits."""
+    el = codes[:, rows, cols].astype(np.uint64)  # (T, 32, elements)
+    t = el.shape[0]
+    el = el.reshape(t, 32, -1, per_reg)
+    shifts = (np.arange(per_reg, dtype=np.uint64) * np.uint64(bits))
+    words = np.bitwise_or.reduce(el << shifts, axis=-1) if per_reg > 1 else el[..., 0]
+    return np.ascontiguousarray(words.astype(np.uint32))
+
+
+def _tiles(x: np.ndarray, shape: tuple[int, int], name: str) -> np.ndarray:
+    arr = np.asarray(x)
+    if arr.ndim == 2:
+        arr = arr[None]
+    if arr.ndim != 3 or arr.shape[1:] != shape:
+        raise ValueError(f"{name} must have shape (tiles, {shape[0]}, {shape[1]}), got {np.asarray(x).shape}")
+    return arr
+
+
+def pack_a(a: np.ndarray, ins: MMAInstruction) -> np.ndarray:
+    """A tiles (T, 16, K) of input values -> register words (T, 32, a_regs) uint32."""
+    a = _tiles(a, (ins.m, ins.k), "a")
+    rows, cols = fragment_coords(ins, "a")
+    return _pack(input_words(a, ins.input), rows, cols, ins.per_reg, ins.bits)
+
+
+def pack_b(b: np.ndarray, ins: MMAInstruction) -> np.ndarray:
+    """B tiles (T, K, 8) of input values -> register words (T, 32, b_regs) uint32."""
+    b = _tiles(b, (ins.k, ins.n), "b")
+    rows, cols = fragment_coords(ins, "b")
+    return _pack(input_words(b, ins.input), rows, cols, ins.per_reg, ins.bits)
+
+
+def _out_codes(x: np.ndarray, out: Format) -> np.ndarray:
+    if out == fp32:
+        return np.ascontiguousarray(np.asarray(x, dtype=np.float32)).view(np.uint32)
+    return np.asarray(to_bits(np.asarray(x, dtype=np.float64), out), dtype=np.uint32)
+
+
+def pack_c(c: np.ndarray, ins: MMAInstruction) -> np.ndarray:
+    """C tiles (T, 16, 8) of output-format values -> register words (T, 32, c_regs) uint32."""
+    c = _tiles(c, (ins.m, ins.n), "c")
+    rows, cols = fragment_coords(ins, "c")
+    return _pack(_out_codes(c, ins.output), rows, cols, ins.c_per_reg, 32 // ins.c_per_reg)
+
+
+def unpack_d(words: np.ndarray, ins: MMAInstruction) -> np.ndarray:
+    """D register words (T, 32, c_regs) -> output codes (T, 16, 8): uint32 fp32 bits or uint16 fp16 bits."""
+    w = np.asarray(words, dtype=np.uint32)
+    if w.ndim != 3 or w.shape[1:] != (32, ins.c_regs):
+        raise ValueError(f"D words must have shape (tiles, 32, {ins.c_regs}), got {w.shape}")
+    t = w.shape[0]
+    if ins.c_per_reg == 1:
+        el = w
+        dt: type = np.uint32
+    else:
+        el = np.stack([w & 0xFFFF, w >> 16], axis=-1).reshape(t, 32, 4)
+        dt = np.uint16
+    rows, cols = fragment_coords(ins, "c")
+    out: np.ndarray = np.zeros((t, ins.m, ins.n), dtype=dt)
+    out[:, rows, cols] = el.astype(dt)
+    return out
+
+
+def unpack_operand(words: np.ndarray, ins: MMAInstruction, operand: str) -> np.ndarray:
+    """Inverse of :func:`pack_a`/:func:`pack_b`/:func:`pack_c`: register words -> codes per tile element.
+
+    Returns (T, 16, K), (T, K, 8) or (T, 16, 8) codes (uint32; fp32 bits for tf32 inputs and fp32 C). Used by
+    the CPU emulation of a warp (:func:`fpsim.gpu.mma_check.emulate_words`) and by the layout tests.
+    """
+    w = np.asarray(words, dtype=np.uint32)
+    if operand == "c":
+        per, bits, shape = ins.c_per_reg, 32 // ins.c_per_reg, (ins.m, ins.n)
+    elif operand in ("a", "b"):
+        per, bits = ins.per_reg, ins.bits
+        shape = (ins.m, ins.k) if operand == "a" else (ins.k, ins.n)
+    else:
+        raise ValueError(f"operand must be 'a', 'b' or 'c', got {operand!r}")
+    t = w.shape[0]
+    mask = np.uint64((1 << bits) - 1)
+    shifts = np.arange(per, dtype=np.uint64) * np.uint64(bits)
+    el = ((w.astype(np.uint64)[..., None] >> shifts) & mask).reshape(t, 32, -1)
+    rows, cols = fragment_coords(ins, operand)
+    out = np.zeros((t,) + shape, dtype=np.uint32)
+    out[:, rows, cols] = el.astype(np.uint32)
+    return out
+
+
+def decode_d(codes: np.ndarray, ins: MMAInstruction) -> np.ndarray:
+    """Output codes -> float64 values."""
+    if ins.output == fp32:
+        return np.asarray(codes, dtype=np.uint32).view(np.float32).astype(np.float64)
+    return np.asarray(from_bits(codes, ins.output), dtype=np.float64)
+
+
+def mma_kernel_source(ins: MMAInstruction) -> str:
+    """CUDA C source of a kernel running one `ins` per warp; each warp handles one tile.
+
+    Signature: ``fpsim_mma(const unsigned* a, const unsigned* b, const unsigned* c, unsigned* d, int tiles)``
+    with ``a`` of shape (tiles, 32, a_regs) and so on (as made by :func:`pack_a` ...). Launch with a block
+    size that is a multiple of 32.
+
+    Examples
+    --------
+    >>> src = mma_kernel_source(instruction_for("tf32"))
+    >>> "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in src
+    True
+    """
+    na, nb, nc = ins.a_regs, ins.b_regs, ins.c_regs
+    f32 = ins.output == fp32
+    cons = "f" if f32 else "r"
+    ctype = "float" if f32 else "unsigned"
+    d_ops = ", ".join(f"%{i}" for i in range(nc))
+    a_ops = ", ".join(f"%{nc + i}" for i in range(na))
+    b_ops = ", ".join(f"%{nc + na + i}" for i in range(nb))
+    c_ops = ", ".join(f"%{nc + na + nb + i}" for i in range(nc))
+    load_c = "\n".join(
+        f"    {ctype} c{i} = {f'__uint_as_float(pc[{i}])' if f32 else f'pc[{i}]'};" for i in range(nc))
+    decl_d = f"    {ctype} " + ", ".join(f"d{i}" for i in range(nc)) + ";"
+    outs = ", ".join(f'"={cons}"(d{i})' for i in range(nc))
+    ins_ = ", ".join([f'"r"(pa[{i}])' for i in range(na)] + [f'"r"(pb[{i}])' for i in range(nb)]
+                     + [f'"{cons}"(c{i})' for i in range(nc)])
+    store = "\n".join(f"    pd[{i}] = {f'__float_as_uint(d{i})' if f32 else f'd{i}'};" for i in range(nc))
+    return f"""// fpsim: one {ins.ptx} per warp (generated by fpsim.gpu.fragments)
+extern "C" __global__ void {KERNEL_NAME}(const unsigned* __restrict__ a, const unsigned* __restrict__ b,
+                                  const unsigned* __restrict__ c, unsigned* __restrict__ d, int tiles)
+{{
+    const long long gtid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long tile = gtid >> 5;   // one warp per tile: all 32 lanes agree, so the exit is warp-uniform
+    const int lane = (int)(gtid & 31);
+    if (tile >= tiles) return;
+    const unsigned* pa = a + (tile * 32 + lane) * {na};
+    const unsigned* pb = b + (tile * 32 + lane) * {nb};
+    const unsigned* pc = c + (tile * 32 + lane) * {nc};
+    unsigned* pd = d + (tile * 32 + lane) * {nc};
+{load_c}
+{decl_d}
+    asm volatile("{ins.ptx} {{{d_ops}}}, {{{a_ops}}}, {{{b_ops}}}, {{{c_ops}}};\\n"
+                 : {outs}
+                 : {ins_});
+{store}
+}}
+"""

@@ -1,0 +1,663 @@
+"""Identify a GPU's matrix-unit arithmetic from probe vectors, and fit the block-FMA parameters.
+
+:func:`probe_suite` lists the probe vectors for one ``mma.sync`` path (input -> output format): the reference
+probes P1-P24 (``tensorcore.md`` section 6) where their values exist in the formats, their sign variants,
+the P20 block-size detector generalised to other grid widths (``K<m>.<j>``), alignment-width families
+(``AL<m>.<t>``: 2^(t-m) terms of 2^-t added to 1; ``TB.<t>``/``TBG.<t>``: one tiny term beside a leading
+one), rounding ties of both signs (``RT<m>.<f><sign>``), exponent-floor families (``ML.<e>.<d>``,
+``MLH.<e>``: a leading product 2^e with a tiny one, near the bottom of the output range), and seeded random
+rows (``R.<i>``). :func:`fit_parameters` takes the outputs a device gave for them (a pure
+function, tested on recorded and model-made outputs) and returns the block-FMA parameters that reproduce
+every output, with the fpsim presets that match and human-readable detector readings. :func:`probe` runs the
+suite on the present GPU and fits every path it supports.
+
+The fit enumerates candidate models (block size k dividing the instruction's K, extra alignment bits neab in
+[-12, 4], RZ/RNE block rounding, kept fraction bits mb, C inside or added late, mod-4 grouping) on every probe
+but the exponent-floor ones, keeps those that reproduce the most outputs, and then fits the exponent floor mel
+on all probes. Rounding toward +-infinity or ties
+away cannot be expressed by :class:`fpsim.mma.MMAModel`; the detectors report them anyway.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..bits import from_bits, to_bits
+from ..formats import Format, FormatLike, as_format, fp32, tf32
+from ..mma import DEVICES, MMAModel, dot, get_model
+from ..rounding import round as fround
+from .fragments import PATHS, MMAInstruction, instruction_for
+
+__all__ = [
+    "FittedModel",
+    "Probe",
+    "ProbeOutputs",
+    "ProbeResult",
+    "evaluate_probes",
+    "fit_parameters",
+    "model_outputs",
+    "probe",
+    "probe_suite",
+]
+
+u = 2.0**-24
+
+
+def p(n: int) -> float:
+    return math.ldexp(1.0, n)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One probe: ``d = c + sum_i a[i]*b[i]`` (zero-padded to the instruction's K)."""
+
+    id: str
+    a: tuple[float, ...]
+    b: tuple[float, ...]
+    c: float
+    purpose: str = ""
+
+
+def _exact_in(v: Sequence[float] | float, fmt: Format) -> bool:
+    x = np.atleast_1d(np.asarray(v, dtype=np.float64))
+    with np.errstate(over="ignore", invalid="ignore"):
+        r = np.asarray(fround(x, fmt, "rne"), dtype=np.float64)
+    return bool(np.array_equal(r, x))
+
+
+def _split_pow2(e: int, fmt: Format) -> tuple[float, float] | None:
+    """(x, y), both powers of two exact in `fmt`, with x*y = 2**e; prefer y = 1."""
+    for y in itertools.chain([0], range(-1, -60, -1)):
+        x = e - y
+        if _exact_in(p(x), fmt) and _exact_in(p(y), fmt):
+            return p(x), p(y)
+    return None
+
+
+def _split_pow2_normal(e: int, fmt: Format) -> tuple[float, float] | None:
+    """(x, y), powers of two exact and *normal* in `fmt`, x*y = 2**e (so the product exponent is exactly e)."""
+    lo = math.floor(math.log2(fmt.min_normal))
+    for x in itertools.chain([e // 2], range(e // 2 + 1, e // 2 + 80)):
+        y = e - x
+        if lo <= x and lo <= y and _exact_in(p(x), fmt) and _exact_in(p(y), fmt):
+            return p(x), p(y)
+    return None
+
+
+def _reference_probes(K: int) -> list[Probe]:
+    """P1-P24 of the reference (fp16 inputs, fp32 out unless noted), K-limited."""
+    P = [
+        Probe("P1", (1,), (1,), -(1 - u), "V100 truncates c's tail"),
+        Probe("P2", (1,) * 4, (u,) * 4, 1.0, "alignment of 4 tiny terms"),
+        Probe("P3", (0.5,) * 4, (u,) * 4, 1.0, "unnormalised product exponents"),
+        Probe("P4", (1,) * 4, (2, 3 * u, 0, 0), 0.0, "output rounding (positive)"),
+        Probe("P5", (1,) * 4, (-2, -3 * u, 0, 0), 0.0, "output rounding (negative)"),
+        Probe("P6", (1,) * 4, (u,) * 4, 1 - u, "normalisation in the addition"),
+        Probe("P7", (1, 1), (1, -u), -1 + u, "cancellation"),
+        Probe("P8", (1,) * 4, (p(-23), 1, 1, 1), 1 + p(-22) + p(-23), "carry-out"),
+        Probe("P9", (1,) * 4, (1, 1.5, 1.75, 1.875), 1.875, "third carry bit"),
+        Probe("P10", (1,) * 4, (1,) * 4, 1 + p(-22) + p(-23), "RZ when normalising"),
+        Probe("P11", (1,) * 4, (-1,) * 4, -(1 + p(-22) + p(-23)), "RZ when normalising (negative)"),
+        Probe("P12a", (0.5,) * 4, (u, u, u, 3 * u), 1 - u, "monotonicity in c (low c)"),
+        Probe("P12b", (0.5,) * 4, (u, u, u, 3 * u), 1.0, "monotonicity in c (high c)"),
+        Probe("P14", (u,), (4,), 0.0, "subnormal input"),
+        Probe("P15", (0.0,), (0.0,), p(-149), "subnormal C passes"),
+        Probe("P16a", (p(-133),), (p(7),), 0.0, "bf16 tiny product (subnormal output)"),
+        Probe("P16b", (p(-126),), (1,), -p(-127), "bf16 subnormal result"),
+        Probe("P17", (1 - u,), (1 - u,), 0.0, "tf32 truncation of fp32 inputs"),
+        Probe("P18", (u, u), (1, 1), 1.0, "one extra alignment bit"),
+        Probe("P19", (u, u, u), (1, 0.5, 0.5), 1.0, "two extra alignment bits"),
+        Probe("P21", (p(-21) + u,) * 2, (1, 1), 1 - p(-21), "delayed normalisation"),
+        Probe("P23", (0,) * 8 + (u,), (0,) * 8 + (1.5,), 1 + p(-23), "RZ across chained blocks"),
+        Probe("P24", (1, 1), (1, -u), 0.0, "sign-magnitude truncation"),
+        # fp16-output probes
+        Probe("P13", (u, u), (0.5, 0.25), 0.0, "fp16 out: RN of a subnormal sum"),
+        Probe("P22", (1, 1, 1), (1, 1, 1), 1 + p(-10) + p(-9), "fp16 out: RN to fp16"),
+    ]
+    for j in range(1, K):
+        a = [0.0] * (j + 1)
+        b = [0.0] * (j + 1)
+        a[0] = b[0] = 1.0
+        a[j], b[j] = p(-23), 1.0
+        P.append(Probe(f"P20.{j}", tuple(a), tuple(b), 1 + p(-23), "k detector (grid 23 bits)"))
+    signed = []
+    for q in P:
+        if q.id in ("P18", "P19", "P21", "P23"):
+            signed.append(Probe(q.id + "-", tuple(-x for x in q.a), q.b, -q.c, q.purpose + " (negated)"))
+    return [q for q in P + signed if len(q.a) <= K]
+
+
+def _families(fin: Format, fout: Format, K: int) -> list[Probe]:
+    out: list[Probe] = []
+    ms = (23, 13, 10) if fout == fp32 else (10,)
+    for m in ms:
+        sp = _split_pow2(-m, fin)
+        # K detector: 1*1 + c (= 1 + 2^-m) + one tiny term 2^-m at index j: kept only inside one block.
+        if sp is not None:
+            for j in range(1, K):
+                a = [0.0] * (j + 1)
+                b = [0.0] * (j + 1)
+                a[0] = b[0] = 1.0
+                a[j], b[j] = sp
+                out.append(Probe(f"K{m}.{j}", tuple(a), tuple(b), 1 + p(-m), f"k detector (grid {m} bits)"))
+        # Alignment width: 2^(t-m) terms of 2^-t sum to 2^-m; survive iff the grid is >= t bits.
+        for t in range(m, m + 6):
+            cnt = 1 << (t - m)
+            sp_t = _split_pow2(-t, fin)
+            if cnt > K or sp_t is None:
+                continue
+            out.append(Probe(f"AL{m}.{t}", (sp_t[0],) * cnt, (sp_t[1],) * cnt, 1.0, f"alignment: {t} grid bits?"))
+            out.append(Probe(f"AL{m}.{t}-", (-sp_t[0],) * cnt, (sp_t[1],) * cnt, -1.0, "alignment (negated)"))
+        # Rounding ties: 1*1 + (1 + f 2^-m) = 2 + (f/2) quanta of a result with m fraction bits.
+        for f in (3, 5):
+            out.append(Probe(f"RT{m}.{f}+", (1.0,), (1.0,), 1 + f * p(-m), f"rounding: +{f / 2} quanta"))
+            out.append(Probe(f"RT{m}.{f}-", (-1.0,), (1.0,), -(1 + f * p(-m)), f"rounding: -{f / 2} quanta"))
+    # Grid width with one tiny term 2^-t beside 1*1 (leading exponent 0): for RZ results, c = 1 and a negative
+    # tiny term gives 2 - 2^-t, truncated below 2 iff the term survives alignment; for RNE results, c = 1 + 2^-mo
+    # puts the sum on a tie that a surviving positive tiny term breaks upward.
+    mo = fout.mbits
+    for t in range(11, 41):
+        sp = _split_pow2(-t, fin)
+        if sp is None:
+            continue
+        out.append(Probe(f"TB.{t}-", (1.0, -sp[0]), (1.0, sp[1]), 1.0, f"grid width: 2^-{t} kept? (RZ)"))
+        out.append(Probe(f"TB.{t}+", (1.0, sp[0]), (1.0, sp[1]), 1 + p(-mo), f"grid width: 2^-{t} kept? (RNE tie)"))
+    # Exponent floor mel: it only coarsens the grid when every term is below 2^mel. A leading product 2^e and a
+    # tiny one at 2^(e-d) (normal factors, so their exponents are exact): with fp32 (RZ) output a negative tiny
+    # term shows as one quantum less while it survives; with fp16 (RNE) output a positive one breaks the tie
+    # 2^e + 2^-25 (e <= -15: fp16 subnormal quantum 2^-24).
+    if fout == fp32 and fin.emin <= -100:
+        for d in (12, 18, 24):
+            for e in range(-148, -117):
+                lead, tiny = _split_pow2_normal(e, fin), _split_pow2(e - d, fin)
+                if lead is None or tiny is None:
+                    continue
+                out.append(Probe(f"ML.{e}.{d}", (lead[0], -tiny[0]), (lead[1], tiny[1]), 0.0,
+                                 f"exponent floor: 2^{e} - 2^{e - d}"))
+    if fout != fp32:
+        half = _split_pow2_normal(-25, fin)
+        for e in range(-24, -14):
+            lead, tiny = _split_pow2_normal(e, fin), _split_pow2(e - 23, fin)
+            if lead is None or tiny is None or half is None:
+                continue
+            out.append(Probe(f"MLH.{e}", (lead[0], half[0], tiny[0]), (lead[1], half[1], tiny[1]), 0.0,
+                             f"exponent floor: tie 2^{e} + 2^-25 broken by 2^{e - 23}?"))
+    if fout != fp32 and K >= 6:
+        # Grid width inside the first mod-4 group (indices 0, 1, 4, 5) with C = 0, for paths that add C late:
+        # 16*16 + 16*16 + 0.5*0.5 is a tie of the fp16 result (2^9 + half a quantum); a surviving tiny term
+        # 2^(8-t) at index 5 breaks it upward.
+        for t in range(11, 27):
+            sp = _split_pow2(8 - t, fin)
+            if sp is None or not _exact_in([16.0, 0.5], fin):
+                continue
+            out.append(Probe(f"TBG.{t}", (16.0, 16.0, 0.0, 0.0, 0.5, sp[0]), (16.0, 16.0, 0.0, 0.0, 0.5, sp[1]), 0.0,
+                             f"grid width in group 0: 2^-{t} kept? (RNE tie)"))
+    return out
+
+
+def _random_probes(fin: Format, fout: Format, K: int, n: int, seed: int) -> list[Probe]:
+    rng = np.random.default_rng(seed)
+    ov = "saturate" if fin.width <= 8 else "ieee"
+    a = rng.standard_normal((n, K))
+    b = rng.standard_normal((n, K))
+    wide = np.arange(n) % 2 == 1
+    spread = 3 if fin.width <= 8 else 8
+    a[wide] = np.ldexp(a[wide], rng.integers(-spread, spread + 1, size=a[wide].shape))
+    a = np.asarray(fround(a, fin, "rne", overflow=ov), dtype=np.float64)
+    b = np.asarray(fround(b, fin, "rne", overflow=ov), dtype=np.float64)
+    c = np.asarray(fround(rng.uniform(0, 1, n), fout, "rne"), dtype=np.float64)
+    return [Probe(f"R.{i}", tuple(a[i]), tuple(b[i]), float(c[i]), "random row") for i in range(n)]
+
+
+def probe_suite(input: FormatLike, output: FormatLike = "fp32", *, random_rows: int = 48,
+                seed: int = 0) -> tuple[Probe, ...]:
+    """All probes for one ``mma.sync`` path whose values are exact in its formats.
+
+    a and b must be exact in the input format (tf32 probe P17 excepted: it feeds fp32 values on purpose) and
+    c exact in the output format; probes longer than the instruction's K are dropped.
+
+    Examples
+    --------
+    >>> ids = [q.id for q in probe_suite("fp16", "fp32")]
+    >>> "P20.15" in ids and "P18-" in ids and "R.0" in ids
+    True
+    """
+    ins = instruction_for(input, output)
+    fin, fout, K = ins.input, ins.output, ins.k
+    cands = _reference_probes(K) + _families(fin, fout, K)
+    keep = []
+    seen = set()
+    for q in cands:
+        if q.id in seen:
+            continue
+        ok_in = _exact_in(q.a, fin) and _exact_in(q.b, fin)
+        if fin == tf32 and q.id == "P17":
+            ok_in = True
+        if ok_in and _exact_in(q.c, fout):
+            keep.append(q)
+            seen.add(q.id)
+    return tuple(keep) + tuple(_random_probes(fin, fout, K, random_rows, seed))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Observed outputs
+# ---------------------------------------------------------------------------------------------------------
+
+def _code(v: float, fmt: Format) -> int:
+    if fmt == fp32:
+        with np.errstate(over="ignore"):
+            return int(np.float32(v).view(np.uint32))
+    return int(to_bits(float(v), fmt))
+
+
+def _value(code: int, fmt: Format) -> float:
+    if fmt == fp32:
+        return float(np.uint32(code).view(np.float32))
+    return float(from_bits(code, fmt))
+
+
+@dataclass(frozen=True)
+class ProbeOutputs:
+    """What one device returned for the probes of one path: ``values[probe id] = D`` (a float).
+
+    Only the ids present are used by :func:`fit_parameters`, so a partial set (e.g. a published table) works.
+    `seed` and `random_rows` must be those of the :func:`probe_suite` that produced the ``R.*`` ids.
+    """
+
+    input: str
+    output: str
+    values: Mapping[str, float]
+    device: str = ""
+    seed: int = 0
+    random_rows: int = 48
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        fo = instruction_for(self.input, self.output).output
+        digits = 8 if fo == fp32 else 4
+        return {"input": self.input, "output": self.output, "device": self.device, "seed": self.seed,
+                "random_rows": self.random_rows, "note": self.note,
+                "values": {k: f"{_code(v, fo):0{digits}x}" for k, v in self.values.items()}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ProbeOutputs:
+        """Inverse of :meth:`to_dict` (values as hex codes of the output format, or as numbers)."""
+        fo = instruction_for(d["input"], d["output"]).output
+        vals = {k: (_value(int(v, 16), fo) if isinstance(v, str) else float(v)) for k, v in d["values"].items()}
+        return cls(input=str(d["input"]), output=str(d["output"]), values=vals, device=str(d.get("device", "")),
+                   seed=int(d.get("seed", 0)), random_rows=int(d.get("random_rows", 48)), note=str(d.get("note", "")))
+
+
+def evaluate_probes(probes: Sequence[Probe], model: MMAModel, K: int) -> np.ndarray:
+    """D of every probe under `model` (float64), each zero-padded to K terms."""
+    n = len(probes)
+    a = np.zeros((n, K))
+    b = np.zeros((n, K))
+    for i, q in enumerate(probes):
+        a[i, : len(q.a)] = q.a
+        b[i, : len(q.b)] = q.b
+    c = np.array([q.c for q in probes], dtype=np.float64)
+    return np.atleast_1d(np.asarray(dot(a, b, c, model), dtype=np.float64))
+
+
+def model_outputs(model: MMAModel, *, random_rows: int = 48, seed: int = 0, device: str = "") -> ProbeOutputs:
+    """The :class:`ProbeOutputs` `model` predicts for its path (what a device following it would return)."""
+    ins = instruction_for(model.input, model.output)
+    suite = probe_suite(ins.input, ins.output, random_rows=random_rows, seed=seed)
+    d = evaluate_probes(suite, model, ins.k)
+    return ProbeOutputs(ins.input.name, ins.output.name, {q.id: float(v) for q, v in zip(suite, d)},
+                        device=device or model.name, seed=seed, random_rows=random_rows, note="model prediction")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Fitting
+# ---------------------------------------------------------------------------------------------------------
+
+_PARAMS = ("k", "neab", "rounding", "mb", "c_entry", "grouping")
+
+
+@dataclass(frozen=True)
+class FittedModel:
+    """Block-FMA parameters fitted to a device's probe outputs for one path.
+
+    ``exact`` is True when the fitted model reproduces every observed output (``mismatches`` == 0);
+    ``alternatives`` lists other parameter sets that fit as well (the probes could not tell them apart);
+    ``mel_candidates`` the exponent floors consistent with the data (None = no floor); ``matches`` the fpsim
+    device presets that reproduce every output; ``detectors`` direct readings of individual probe families.
+    """
+
+    input: str
+    output: str
+    k: int
+    neab: int
+    rounding: str
+    mb: int
+    mel: int | None
+    c_entry: str
+    grouping: str
+    exact: bool
+    mismatches: int
+    n_probes: int
+    alternatives: tuple[dict[str, Any], ...] = ()
+    mel_candidates: tuple[int | None, ...] = ()
+    matches: tuple[str, ...] = ()
+    detectors: Mapping[str, str] = field(default_factory=dict)
+    device: str = ""
+
+    @property
+    def model(self) -> MMAModel:
+        """The fitted parameters as an :class:`fpsim.mma.MMAModel`."""
+        return MMAModel(name=f"fitted {self.device or 'device'} {self.input}->{self.output}", kind="bfma",
+                        input=as_format(self.input), output=as_format(self.output), k=self.k, neab=self.neab, mel=self.mel,
+                        rounding=self.rounding, mb=self.mb, c_entry=self.c_entry, grouping=self.grouping,
+                        source="fpsim.gpu.fit_parameters", confidence="fitted to probe outputs")
+
+    def params(self) -> dict[str, Any]:
+        return {"k": self.k, "neab": self.neab, "rounding": self.rounding, "mb": self.mb, "mel": self.mel,
+                "c_entry": self.c_entry, "grouping": self.grouping}
+
+    def summary(self) -> str:
+        head = (f"{self.input}->{self.output}: k={self.k} neab={self.neab} ({23 + self.neab} grid bits) "
+                f"{self.rounding.upper()} mb={self.mb} mel={self.mel} C {self.c_entry}"
+                + (f" grouping {self.grouping}" if self.grouping != "none" else ""))
+        fit = ("reproduces all" if self.exact else f"best fit, {self.mismatches} of") + f" {self.n_probes} probes"
+        pres = f"matches preset(s): {', '.join(self.matches)}" if self.matches else "matches no fpsim preset"
+        amb = f"; {len(self.alternatives)} other parameter set(s) fit equally" if self.alternatives else ""
+        return f"{head} [{fit}; {pres}{amb}]"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"input": self.input, "output": self.output, **self.params(), "exact": self.exact,
+                "mismatches": self.mismatches, "n_probes": self.n_probes, "alternatives": list(self.alternatives),
+                "mel_candidates": list(self.mel_candidates), "matches": list(self.matches),
+                "detectors": dict(self.detectors), "device": self.device}
+
+
+def _candidates(fout: Format, K: int) -> Iterable[dict[str, Any]]:
+    ks = [k for k in (1, 2, 4, 8, 16, 32) if k <= K and K % k == 0]
+    for k, neab, rnd in itertools.product(ks, range(-12, 5), ("rz", "rne")):
+        if fout == fp32:
+            mbs = (23,) if neab >= 0 else (23 + neab, 23)
+        else:
+            mbs = (fout.mbits,)
+        for mb in mbs:
+            for c_entry, grouping in (("inside", "none"), ("late", "none"), ("late", "mod4")):
+                if grouping == "mod4" and (K % (2 * k) or k % 2):
+                    continue
+                yield {"k": k, "neab": neab, "rounding": rnd, "mb": mb, "c_entry": c_entry, "grouping": grouping}
+
+
+def _codes(vals: np.ndarray, fmt: Format) -> np.ndarray:
+    if fmt == fp32:
+        with np.errstate(over="ignore"):
+            return np.asarray(vals, dtype=np.float32).view(np.uint32).astype(np.int64)
+    return np.asarray(to_bits(np.asarray(vals, dtype=np.float64), fmt)).astype(np.int64)
+
+
+def _count_bad(pred: np.ndarray, obs: np.ndarray, fmt: Format) -> int:
+    with np.errstate(invalid="ignore"):
+        both_nan = np.isnan(pred) & np.isnan(obs)
+        both_zero = (pred == 0) & (obs == 0)  # signed zero is not modelled
+    return int(((_codes(pred, fmt) != _codes(obs, fmt)) & ~both_nan & ~both_zero).sum())
+
+
+def _preset_models(fin: Format, fout: Format) -> dict[str, MMAModel]:
+    out: dict[str, MMAModel] = {}
+    for dev in DEVICES:
+        try:
+            out[dev] = get_model(dev, fin, fout)
+        except ValueError:
+            continue
+    if "b200" in DEVICES:
+        try:
+            out["b200 (tcgen05)"] = get_model("b200", fin, fout, path="tcgen05")
+        except ValueError:
+            pass
+    return out
+
+
+def _key(m: MMAModel | Mapping[str, Any]) -> tuple[Any, ...]:
+    if isinstance(m, MMAModel):
+        return tuple(getattr(m, f) for f in _PARAMS)
+    return tuple(m[f] for f in _PARAMS)
+
+
+def _detectors(obs: Mapping[str, float], fout: Format, K: int, mb: int) -> dict[str, str]:
+    """Direct readings of the probe families (independent of the enumeration)."""
+    det: dict[str, str] = {}
+    # Block size from the k detectors: the tiny term is kept (sum 2 + 2^(1-m)) while j < k.
+    for fam, m in (("P20", 23), ("K23", 23), ("K13", 13), ("K10", 10)):
+        js = [j for j in range(1, K) if f"{fam}.{j}" in obs]
+        if not js:
+            continue
+        kept = [obs[f"{fam}.{j}"] == 2 + p(1 - m) for j in js]
+        if kept[0] and not all(kept):
+            first_lost = js[kept.index(False)]
+            if all(kept[: kept.index(False)]) and not any(kept[kept.index(False):]):
+                det["k"] = f"{fam}: tiny term kept for j < {first_lost}, lost after -> k = {first_lost}"
+                break
+        elif all(kept):
+            det["k"] = f"{fam}: tiny term kept for every j < {K} -> k = {K} (one block per instruction)"
+            break
+    # Alignment width: largest t with 2^(t-m) terms of 2^-t all surviving.
+    for m in (23, 13, 10):
+        ts = sorted(int(key.split(".")[1]) for key in obs if key.startswith(f"AL{m}.") and not key.endswith("-"))
+        if not ts:
+            continue
+        kept_t = [t for t in ts if obs[f"AL{m}.{t}"] == 1 + p(-m)]
+        if kept_t and kept_t == ts[: len(kept_t)]:
+            more = "" if len(kept_t) < len(ts) else " or more"
+            det["alignment"] = (f"AL{m}: terms down to 2^-{kept_t[-1]} below the leading exponent survive -> "
+                                f"{kept_t[-1]}{more} grid bits (neab = {kept_t[-1] - 23}{'+' if more else ''})")
+            break
+    tb = sorted(int(key[3:-1]) for key in obs if key.startswith("TB.") and key.endswith("-"))
+    if tb:
+        kept_rz = [t for t in tb if obs[f"TB.{t}-"] < 2]
+        kept_rn = [t for t in tb if obs.get(f"TB.{t}+", 0.0) > 2 + p(-fout.mbits)]
+        kept_tb = kept_rz if len(kept_rz) >= len(kept_rn) else kept_rn
+        if kept_tb and kept_tb == tb[: len(kept_tb)] and len(kept_tb) < len(tb):
+            g = kept_tb[-1]
+            det["grid"] = (f"TB: a lone term 2^-{g} below the leading exponent survives, 2^-{g + 1} "
+                           f"does not -> {g} grid bits (neab = {g - 23})")
+    # Rounding from ties of both signs (quanta of the result at exponent 1 with m fraction bits).
+    modes = {"rz": (1, 2, -1, -2), "rne": (2, 2, -2, -2), "rna": (2, 3, -2, -3), "rup": (2, 3, -1, -2),
+             "rdn": (1, 2, -2, -3)}
+    for m in (mb, 23, 13, 10):
+        ids = [f"RT{m}.3+", f"RT{m}.5+", f"RT{m}.3-", f"RT{m}.5-"]
+        if all(i in obs for i in ids):
+            q = p(1 - m)
+            got = tuple(round((abs(obs[i]) - 2) / q) * (1 if obs[i] > 0 else -1) for i in ids)
+            name = next((k for k, v in modes.items() if v == got), None)
+            det["rounding"] = (f"RT{m} ties +1.5/+2.5/-1.5/-2.5 quanta -> {got}: "
+                               + (name.upper() if name else "no standard mode"))
+            break
+    if "P21" in obs:
+        late = obs["P21"] == 1 + p(-21) + p(-23)
+        det["normalisation"] = ("P21: late normalisation (block summed exactly, normalised once)" if late
+                                else "P21: normalised between terms (result 1+2^-21 family)")
+    if "P12a" in obs and "P12b" in obs:
+        det["monotonic_in_c"] = ("P12: result falls as c rises (not monotonic)" if obs["P12b"] < obs["P12a"]
+                                 else "P12: monotonic on this probe")
+    if "P9" in obs:
+        det["carry"] = "P9: third carry bit kept" if obs["P9"] == 8 else f"P9: carry lost (got {obs['P9']!r})"
+    if "P14" in obs:
+        det["subnormal_inputs"] = ("P14: subnormal input used" if obs["P14"] == p(-22)
+                                   else f"P14: subnormal input flushed (got {obs['P14']!r})")
+    if "P16a" in obs:
+        det["subnormal_outputs"] = ("P16: subnormal outputs kept" if obs["P16a"] == p(-126) and obs.get("P16b") == p(-127)
+                                    else "P16: subnormal outputs flushed or altered")
+    return det
+
+
+def fit_parameters(probe_outputs: ProbeOutputs | Mapping[str, Any], *, max_alternatives: int = 20) -> FittedModel:
+    """Fit block-FMA parameters to observed probe outputs (pure; no GPU needed).
+
+    Parameters
+    ----------
+    probe_outputs : ProbeOutputs or dict
+        The device's D for some or all probe ids of :func:`probe_suite` (a dict as made by
+        :meth:`ProbeOutputs.to_dict` is accepted).
+
+    Returns
+    -------
+    FittedModel
+        Preference among equally good fits: a parameter set some fpsim preset uses, then C inside without
+        grouping, then the smallest ``|neab|``.
+
+    Examples
+    --------
+    >>> from fpsim.mma import get_model
+    >>> fit = fit_parameters(model_outputs(get_model("a100", "fp16"), random_rows=8))
+    >>> (fit.k, fit.neab, fit.rounding, fit.exact, "a100" in fit.matches)
+    (8, 1, 'rz', True, True)
+    """
+    po = probe_outputs if isinstance(probe_outputs, ProbeOutputs) else ProbeOutputs.from_dict(probe_outputs)
+    ins = instruction_for(po.input, po.output)
+    fin, fout, K = ins.input, ins.output, ins.k
+    suite = {q.id: q for q in probe_suite(fin, fout, random_rows=po.random_rows, seed=po.seed)}
+    unknown = sorted(set(po.values) - set(suite))
+    if unknown:
+        raise ValueError(f"unknown probe id(s) for {fin.name}->{fout.name}: {', '.join(unknown[:10])}; valid ids "
+                         "come from fpsim.gpu.probe_suite")
+    if not po.values:
+        raise ValueError("probe_outputs holds no values")
+    ids = sorted(po.values)
+    probes = [suite[i] for i in ids]
+    obs = np.array([po.values[i] for i in ids], dtype=np.float64)
+    # Stage 1 fits everything but mel on the probes mel does not affect; stage 2 fits mel on all of them.
+    main = np.array([not i.startswith("ML") for i in ids])
+    probes1 = [q for q, keep in zip(probes, main) if keep]
+    obs1 = obs[main]
+    presets = _preset_models(fin, fout)
+    preset_keys = {_key(m) for m in presets.values()}
+
+    def score(params: Mapping[str, Any], mel: int | None = None, *, stage1: bool = False) -> int:
+        m = MMAModel(name="candidate", kind="bfma", input=fin, output=fout, mel=mel, **params)
+        if stage1:
+            return _count_bad(evaluate_probes(probes1, m, K), obs1, fout) if probes1 else 0
+        return _count_bad(evaluate_probes(probes, m, K), obs, fout)
+
+    scored: list[tuple[int, dict[str, Any]]] = []
+    for cand in _candidates(fout, K):
+        scored.append((score(cand, stage1=True), cand))
+    best1 = min(s for s, _ in scored)
+    tied = [c for s, c in scored if s == best1]
+
+    def pref(c: Mapping[str, Any]) -> tuple[int, int, int, int]:
+        return (0 if _key(c) in preset_keys else 1, 0 if (c["c_entry"], c["grouping"]) == ("inside", "none") else 1,
+                abs(c["neab"]), -c["k"])
+
+    tied.sort(key=pref)
+    chosen = tied[0]
+    # Exponent floor: which mel values fit best on all probes (None = no floor).
+    preset_mels = [m.mel for m in presets.values() if _key(m) == _key(chosen)]
+    mel_opts: list[int | None] = [None] + sorted({fout.emin - d for d in range(13)}
+                                                 | {m for m in preset_mels if m is not None})
+    mel_scores = [(score(chosen, m), m) for m in mel_opts]
+    best = min(sc for sc, _ in mel_scores)
+    mel_ok = tuple(m for sc, m in mel_scores if sc == best)
+    mel = next((m for m in preset_mels if m in mel_ok), None if None in mel_ok else mel_ok[0])
+    matches = []
+    for dev, m in presets.items():
+        if _count_bad(evaluate_probes(probes, m, K), obs, fout) == 0:
+            matches.append(dev)
+    det = _detectors(po.values, fout, K, chosen["mb"])
+    if len(mel_ok) == 1:
+        det["mel"] = f"ML probes: exponent floor mel = {mel_ok[0]}"
+    elif len(mel_ok) < len(mel_opts):
+        det["mel"] = f"ML probes: exponent floor one of {', '.join(str(m) for m in mel_ok)}"
+    else:
+        det["mel"] = "exponent floor not visible to these probes"
+    alts = tuple({**c} for c in tied[1 : 1 + max_alternatives])
+    return FittedModel(input=fin.name, output=fout.name, mel=mel, exact=best == 0, mismatches=best,
+                       n_probes=len(probes), alternatives=alts, mel_candidates=mel_ok, matches=tuple(matches),
+                       detectors=det, device=po.device, **chosen)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Running on a GPU
+# ---------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """:func:`probe`'s answer: the device, the fitted model and raw outputs per path, and skipped paths."""
+
+    device: str
+    compute_capability: str
+    fits: tuple[FittedModel, ...]
+    outputs: tuple[ProbeOutputs, ...]
+    skipped: tuple[tuple[str, str], ...] = ()
+
+    def summary(self) -> str:
+        lines = [f"{self.device} (compute capability {self.compute_capability})"]
+        lines += [f"  {f.summary()}" for f in self.fits]
+        lines += [f"  {path}: skipped ({why})" for path, why in self.skipped]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "compute_capability": self.compute_capability,
+                "fits": [f.to_dict() for f in self.fits], "outputs": [o.to_dict() for o in self.outputs],
+                "skipped": [list(s) for s in self.skipped]}
+
+
+def run_probes(ins: MMAInstruction, runner: Callable[..., np.ndarray], *, random_rows: int = 48, seed: int = 0,
+               device: str = "") -> ProbeOutputs:
+    """Run the probe suite of one path through `runner` (GPU or emulation) and collect D per probe id."""
+    from .fragments import decode_d
+    from .mma_check import probe_tiles, run_tiles
+
+    suite = probe_suite(ins.input, ins.output, random_rows=random_rows, seed=seed)
+    a, b, c = probe_tiles(ins, suite)
+    d = decode_d(run_tiles(a, b, c, ins, runner), ins)[:, 0, 0]
+    return ProbeOutputs(ins.input.name, ins.output.name, {q.id: float(v) for q, v in zip(suite, d)},
+                        device=device, seed=seed, random_rows=random_rows, note="measured")
+
+
+def probe(device: int = 0, *, paths: Sequence[tuple[str, str]] | None = None, random_rows: int = 48,
+          seed: int = 0, runner: Callable[..., np.ndarray] | None = None, cc: int | None = None,
+          device_name: str | None = None) -> ProbeResult:
+    """Run the probe vectors on CUDA device `device` and fit every ``mma.sync`` path it supports.
+
+    Paths need compute capability 8.0 (fp16, bf16, tf32) or 8.9 (FP8); a path whose kernel does not compile
+    with the installed CUDA toolkit (FP8 -> fp16 needs PTX ISA 8.7) is reported as skipped. `runner`, `cc` and
+    `device_name` replace the GPU (for emulation and tests).
+
+    Raises
+    ------
+    fpsim.gpu.GPUUnavailable
+        Without CuPy or a CUDA device (when no `runner` is given).
+    """
+    if runner is None:
+        from ._device import device_info
+        from .mma_check import gpu_runner
+
+        info = device_info(device)
+        runner = gpu_runner(device)
+        cc = info.cc
+        device_name = info.name
+    cc = 90 if cc is None else cc
+    name = device_name or "emulated device"
+    fits: list[FittedModel] = []
+    outs: list[ProbeOutputs] = []
+    skipped: list[tuple[str, str]] = []
+    for path in paths if paths is not None else PATHS:
+        ins = instruction_for(*path)
+        label = ins.label
+        if cc < ins.min_cc:
+            skipped.append((label, f"needs compute capability {ins.min_cc // 10}.{ins.min_cc % 10}"))
+            continue
+        try:
+            po = run_probes(ins, runner, random_rows=random_rows, seed=seed, device=name)
+        except Exception as e:  # noqa: BLE001  (a CUDA compile/launch error for one path must not hide the others)
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            skipped.append((label, f"{type(e).__name__}: {msg[:200]}"))
+            continue
+        outs.append(po)
+        fits.append(fit_parameters(po))
+    return ProbeResult(device=name, compute_capability=f"{cc // 10}.{cc % 10}", fits=tuple(fits),
+                       outputs=tuple(outs), skipped=tuple(skipped))
