@@ -1,0 +1,435 @@
+"""Summation and dot products in a chosen order, with every partial result rounded as hardware would.
+
+`sum` and `dot` make the order of floating-point accumulation explicit:
+
+``"sequential"``
+    A running sum, ``acc = round(acc + x[i])`` for ``i = 0, 1, ...`` (a naive loop). The loop runs over
+    the reduced axis only; each step is one vectorized operation over all the other axes.
+``"pairwise"``
+    A balanced binary tree: adjacent pairs are added level by level (an odd element is carried to the
+    next level), ``ceil(log2 n)`` vectorized levels. Error grows like ``log n`` instead of ``n``.
+``"blocked"``
+    Sequential sums inside blocks of ``block`` consecutive elements (default 32), all blocks at once,
+    then a sequential sum of the block sums (what tiled GPU and BLAS kernels do).
+``"kahan"``
+    Kahan's compensated summation, each of its four operations rounded in the accumulator format.
+``"exact"``
+    The exact sum (``math.fsum`` plus the sign of its residual), rounded once.
+
+Inputs are first rounded into ``fmt`` (a no-op for values already in it); partial results live in the
+accumulator format ``accumulate`` (default: ``fmt``); the result is rounded into ``fmt``. Every
+rounding is a correctly rounded operation of :mod:`fpsim.arith` with the given mode.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .arith import Context, _round_to_odd, _two_prod
+from .array import _register_reductions
+from .formats import Format, FormatLike
+from .rounding import Overflow, RoundingLike, _as_float_array
+
+__all__ = ["ORDERS", "dot", "matmul", "sum"]
+
+ORDERS = ("sequential", "pairwise", "blocked", "kahan", "exact")
+_DEFAULT_BLOCK = 32
+
+
+def _check_order(order: str) -> str:
+    if not isinstance(order, str) or order.lower() not in ORDERS:
+        raise ValueError(f"unknown summation order {order!r}; valid: {', '.join(ORDERS)}")
+    return order.lower()
+
+
+def _check_block(block: int | None, order: str) -> int:
+    if block is None:
+        return _DEFAULT_BLOCK
+    if order != "blocked":
+        raise ValueError(f"block applies only to order='blocked', got order={order!r}")
+    if not isinstance(block, (int, np.integer)) or isinstance(block, bool) or block < 1:
+        raise ValueError(f"block must be a positive int, got {block!r}")
+    return int(block)
+
+
+def _normalize_axes(axis: int | Sequence[int] | None, ndim: int) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    out = []
+    for ax in axes:
+        if not isinstance(ax, (int, np.integer)) or not -ndim <= ax < ndim:
+            raise ValueError(f"axis {ax!r} is out of bounds for an array of dimension {ndim}")
+        out.append(int(ax) % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"repeated axis in {axis!r}")
+    return tuple(sorted(out))
+
+
+# --------------------------------------------------------------------------------------------------
+# Reductions over axis 0 of a float64 array whose values are already in the accumulator format
+
+
+def _seq(acc: Context, t: np.ndarray, exact: bool) -> np.ndarray:
+    s = t[0].copy()
+    for i in range(1, t.shape[0]):
+        s = acc.add(s, t[i], exact_inputs=exact)
+    return np.asarray(s)
+
+
+def _pairwise(acc: Context, t: np.ndarray, exact: bool) -> np.ndarray:
+    while t.shape[0] > 1:
+        m = t.shape[0] // 2
+        s = acc.add(np.ascontiguousarray(t[0 : 2 * m : 2]), np.ascontiguousarray(t[1 : 2 * m : 2]),
+                    exact_inputs=exact)
+        t = np.concatenate([s, t[2 * m :]]) if t.shape[0] % 2 else s
+    return np.asarray(t[0])
+
+
+def _blocked(acc: Context, t: np.ndarray, block: int, exact: bool) -> np.ndarray:
+    n = t.shape[0]
+    nb = -(-n // block)
+    if nb == 1:
+        return _seq(acc, t, exact)
+    pad = nb * block - n
+    # Block k holds t[k*block : (k+1)*block]; step j adds element j of every block at once.
+    tp = np.concatenate([t, np.zeros((pad,) + t.shape[1:])]) if pad else t
+    tb = tp.reshape((nb, block) + t.shape[1:])
+    s = np.ascontiguousarray(tb[:, 0])
+    for j in range(1, block):
+        nxt = acc.add(s, np.ascontiguousarray(tb[:, j]), exact_inputs=exact)
+        if pad and j >= block - pad:
+            nxt[nb - 1] = s[nb - 1]  # the last block is short: nothing to add there
+        s = nxt
+    return _seq(acc, s, exact)
+
+
+def _kahan(acc: Context, t: np.ndarray, exact: bool) -> np.ndarray:
+    s = t[0].copy()
+    c = np.zeros_like(s)
+    for i in range(1, t.shape[0]):
+        y = acc.sub(t[i], c, exact_inputs=exact)
+        u = acc.add(s, y, exact_inputs=exact)
+        c = acc.sub(acc.sub(u, s, exact_inputs=exact), y, exact_inputs=exact)
+        s = u
+    return np.asarray(s)
+
+
+def _exact(terms: list[np.ndarray], nearest64: bool = False) -> np.ndarray:
+    """RO53 of the exact sum over axis 0 of the given arrays' terms (several arrays: their union).
+
+    ``math.fsum`` gives RN64 of the exact sum and, applied again with ``-s`` appended, the sign of the
+    residual; from the two, the round-to-odd value that one more rounding turns into the correct result.
+    """
+    t = np.concatenate(terms) if len(terms) > 1 else terms[0]
+    n = t.shape[0]
+    flat = t.reshape(n, -1)
+    out = np.empty(flat.shape[1])
+    finite = np.isfinite(flat).all(axis=0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        out[~finite] = flat[:, ~finite].sum(axis=0)  # IEEE: NaN or ±inf propagate
+    cols = flat[:, finite].T.tolist()
+    s = np.array([math.fsum(c) for c in cols])
+    r = np.array([math.fsum(c + [-v]) for c, v in zip(cols, s.tolist())])
+    if s.size:
+        nz = s != 0
+        if not nearest64:  # fp64 results want fsum's own RN64; narrower formats round RO53 once more
+            s = np.where(nz, _round_to_odd(np.where(nz, s, 1.0), r), s)
+        # an exact zero sum: +0 unless every term is -0 (IEEE 754 §6.3 for round-to-nearest)
+        allneg0 = np.all((flat[:, finite] == 0) & np.signbit(flat[:, finite]), axis=0)
+        s = np.where(~nz & allneg0, -0.0, s)
+    out[finite] = s
+    return out.reshape(t.shape[1:])
+
+
+def _reduce(terms: np.ndarray, order: str, acc: Context, block: int, exact: bool) -> np.ndarray:
+    if order == "sequential":
+        return _seq(acc, terms, exact)
+    if order == "pairwise":
+        return _pairwise(acc, terms, exact)
+    if order == "blocked":
+        return _blocked(acc, terms, block, exact)
+    return _kahan(acc, terms, exact)
+
+
+def _contexts(fmt: FormatLike, accumulate: FormatLike | None, rounding: RoundingLike, overflow: Overflow | str,
+              subnormals: bool, rng: np.random.Generator | None) -> tuple[Context, Context]:
+    out = Context(fmt, rounding, overflow=overflow, subnormals=subnormals, rng=rng)
+    if accumulate is None:
+        return out, out
+    acc = Context(accumulate, rounding, overflow=overflow, subnormals=subnormals, rng=rng)
+    return out, acc
+
+
+def _contains(big: Format, small: Format) -> bool:
+    """Every value of ``small`` is a value of ``big`` (so converting into ``big`` is exact)."""
+    return (big.p >= small.p and big.emax >= small.emax and
+            big.emin - (big.mbits if big.subnormals else 0) <= small.emin - (small.mbits if small.subnormals else 0))
+
+
+def _result(r: np.ndarray, scalar: bool, keepdims_shape: tuple[int, ...] | None) -> Any:
+    if keepdims_shape is not None:
+        r = r.reshape(keepdims_shape)
+    if r.ndim == 0 or scalar:
+        return r[()]
+    return r
+
+
+def sum(
+    x: Any,
+    fmt: FormatLike,
+    *,
+    order: str = "sequential",
+    block: int | None = None,
+    accumulate: FormatLike | None = None,
+    rounding: RoundingLike = "rne",
+    axis: int | Sequence[int] | None = None,
+    keepdims: bool = False,
+    overflow: Overflow | str = "ieee",
+    subnormals: bool = True,
+    rng: np.random.Generator | None = None,
+) -> Any:
+    """Sum values in a floating-point format, in an explicit order of accumulation.
+
+    Parameters
+    ----------
+    x : array_like
+        Values; first rounded into ``fmt`` with ``rounding`` (a no-op for values already in it).
+    fmt : Format or str
+        Element and result format.
+    order : {"sequential", "pairwise", "blocked", "kahan", "exact"}
+        Order of accumulation (see the module docstring).
+    block : int, optional
+        Block length for ``order="blocked"`` (default 32).
+    accumulate : Format or str, optional
+        Format of the partial sums (default ``fmt``), e.g. ``"fp32"`` to accumulate bf16 values in fp32
+        and round once at the end.
+    rounding : str
+        Mode of every rounding (inputs, partial sums, result).
+    axis : int or tuple of ints, optional
+        Axes to reduce (default all).
+    keepdims : bool
+        Keep reduced axes with length one.
+    overflow, subnormals, rng
+        As for :func:`fpsim.round`.
+
+    Returns
+    -------
+    numpy.ndarray or numpy scalar (float64)
+
+    Examples
+    --------
+    A bf16 running sum of 10,000 ones stops at 256 (256 + 1 is a tie, and ties go to even 256):
+
+    >>> import numpy as np, fpsim
+    >>> float(fpsim.sum(np.ones(10_000), "bf16"))
+    256.0
+    >>> float(fpsim.sum(np.ones(10_000), "bf16", accumulate="fp32"))   # fp32 partials, one rounding
+    9984.0
+    >>> float(fpsim.sum(np.ones(10_000), "bf16", order="pairwise"))
+    9984.0
+    >>> float(fpsim.sum(np.ones(10_000), "bf16", order="exact"))
+    9984.0
+    """
+    order = _check_order(order)
+    blk = _check_block(block, order)
+    out, acc = _contexts(fmt, accumulate, rounding, overflow, subnormals, rng)
+    a, _ = _as_float_array(x)
+    a = np.asarray(a, dtype=np.float64)
+    axes = _normalize_axes(axis, a.ndim)
+    keep_shape = tuple(1 if i in axes else n for i, n in enumerate(a.shape)) if keepdims else None
+    rest = [i for i in range(a.ndim) if i not in axes]
+    rest_shape = tuple(a.shape[i] for i in rest)
+    # reduced axes first, flattened into one, the others into a second: shape (n, m)
+    t = np.transpose(a, list(axes) + rest).reshape(-1, math.prod(rest_shape))
+    t = out.round(np.ascontiguousarray(t))
+    if t.shape[0] == 0:
+        return _result(np.zeros(rest_shape), False, keep_shape)
+    if order == "exact":
+        return _result(out.round(_exact([t], out.native)).reshape(rest_shape), False, keep_shape)
+    exact = True
+    if acc is not out:
+        exact = _contains(acc.fmt, out.fmt)
+        if not exact:
+            t = acc.round(t)
+            exact = True
+    r = _reduce(t, order, acc, blk, exact)
+    return _result(out.round(np.ascontiguousarray(r)).reshape(rest_shape), False, keep_shape)
+
+
+def dot(
+    a: Any,
+    b: Any,
+    fmt: FormatLike,
+    *,
+    order: str = "sequential",
+    block: int | None = None,
+    accumulate: FormatLike | None = None,
+    rounding: RoundingLike = "rne",
+    fused: bool = True,
+    overflow: Overflow | str = "ieee",
+    subnormals: bool = True,
+    rng: np.random.Generator | None = None,
+) -> Any:
+    """Dot product over the last axis, ``sum_i a[..., i] * b[..., i]``, in an explicit order.
+
+    ``a`` and ``b`` are rounded into ``fmt`` and broadcast against each other except along the last
+    axis, which is reduced. With ``fused=True`` (default) the ``"sequential"`` and ``"blocked"`` orders
+    use fused multiply-adds, ``acc = fma(a[i], b[i], acc)`` rounded once per step in the accumulator
+    format; otherwise (and for ``"pairwise"`` and ``"kahan"``) each product is first rounded into the
+    accumulator format and the products are summed in that order. ``"exact"`` rounds the exact dot
+    product once. Other parameters as for :func:`sum`.
+
+    Examples
+    --------
+    >>> import numpy as np, fpsim
+    >>> a = np.full(4096, 0.5)
+    >>> float(fpsim.dot(a, a, "fp16")), float(fpsim.dot(a, a, "fp16", order="exact"))  # 512 + 0.25 is a tie
+    (512.0, 1024.0)
+    >>> float(fpsim.dot(np.ones(3000), np.ones(3000), "fp16"))   # 2048 + 1 is a tie: stays 2048
+    2048.0
+    """
+    order = _check_order(order)
+    blk = _check_block(block, order)
+    if not isinstance(fused, (bool, np.bool_)):
+        raise TypeError(f"fused must be a bool, got {fused!r}")
+    out, acc = _contexts(fmt, accumulate, rounding, overflow, subnormals, rng)
+    x, _ = _as_float_array(a, "a")
+    y, _ = _as_float_array(b, "b")
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if x.ndim == 0 or y.ndim == 0:
+        raise ValueError("dot needs arrays with at least one axis (the one reduced)")
+    if x.shape[-1] != y.shape[-1]:
+        raise ValueError(f"dot: last axes differ in length: {x.shape} and {y.shape}")
+    # the reduced axis first; the others broadcast lazily, step by step
+    xr = out.round(np.ascontiguousarray(np.moveaxis(x, -1, 0)))
+    yr = out.round(np.ascontiguousarray(np.moveaxis(y, -1, 0)))
+    return _result(_dot_core(xr, yr, order, blk, out, acc, bool(fused)), False, None)
+
+
+def matmul(
+    a: Any,
+    b: Any,
+    fmt: FormatLike,
+    *,
+    order: str = "sequential",
+    block: int | None = None,
+    accumulate: FormatLike | None = None,
+    rounding: RoundingLike = "rne",
+    fused: bool = True,
+    overflow: Overflow | str = "ieee",
+    subnormals: bool = True,
+    rng: np.random.Generator | None = None,
+) -> Any:
+    """Matrix product with the accumulation model of :func:`dot` for every output element.
+
+    Shapes follow ``np.matmul`` (1-D operands are promoted and the added axis removed; leading axes
+    broadcast). This is the plain summation-order model used by :class:`fpsim.FPArray`; hardware
+    matrix units (block FMAs, Tensor Cores) are modelled in :mod:`fpsim.mma`.
+
+    >>> import numpy as np, fpsim
+    >>> fpsim.accumulate.matmul(np.ones((2, 3000)), np.ones((3000, 2)), "fp16")
+    array([[2048., 2048.],
+           [2048., 2048.]])
+    """
+    order = _check_order(order)
+    blk = _check_block(block, order)
+    out, acc = _contexts(fmt, accumulate, rounding, overflow, subnormals, rng)
+    x, _ = _as_float_array(a, "a")
+    y, _ = _as_float_array(b, "b")
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if x.ndim == 0 or y.ndim == 0:
+        raise ValueError("matmul: scalar operands are not allowed, use multiplication")
+    x2 = x[None, :] if x.ndim == 1 else x
+    y2 = y[:, None] if y.ndim == 1 else y
+    if x2.shape[-1] != y2.shape[-2]:
+        raise ValueError(f"matmul: shapes {x.shape} and {y.shape} are not aligned")
+    xr = out.round(np.ascontiguousarray(np.moveaxis(x2, -1, 0)))[..., None]  # (k, ..., m, 1)
+    yr = out.round(np.ascontiguousarray(np.moveaxis(y2, -2, 0)))[..., None, :]  # (k, ..., 1, n)
+    r = _dot_core(xr, yr, order, blk, out, acc, bool(fused))
+    if x.ndim == 1:
+        r = r[..., 0, :]
+    if y.ndim == 1:
+        r = r[..., 0]
+    return _result(np.asarray(r), False, None)
+
+
+def _dot_core(xr: np.ndarray, yr: np.ndarray, order: str, blk: int, out: Context, acc: Context,
+              fused: bool) -> np.ndarray:
+    """Dot over axis 0 of operands in the element format, shapes (k, *sx) and (k, *sy), the other axes
+    broadcasting; returns shape broadcast(sx, sy)."""
+    k = xr.shape[0]
+    shape = np.broadcast_shapes(xr.shape[1:], yr.shape[1:])
+    if k == 0:
+        return np.zeros(shape)
+    nd = 1 + len(shape)  # align ranks (new axes after the reduced one) so that term i broadcasts
+    xr = xr.reshape((k,) + (1,) * (nd - xr.ndim) + xr.shape[1:])
+    yr = yr.reshape((k,) + (1,) * (nd - yr.ndim) + yr.shape[1:])
+
+    def row(v: np.ndarray, i: int, lead: tuple[int, ...] = ()) -> np.ndarray:  # term i, broadcast, flat
+        return np.ascontiguousarray(np.broadcast_to(v[i], lead + shape)).reshape(lead + (-1,))
+
+    def full(v: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(np.broadcast_to(v, (k,) + shape)).reshape(k, -1)
+
+    exact_in = _contains(acc.fmt, out.fmt)
+    if order == "exact":
+        xf, yf = full(xr), full(yr)
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+            if out.fmt.p <= 26:
+                prods = [xf * yf]  # exact: at most 26 + 26 significant bits
+            else:
+                ph, pl = _two_prod(xf, yf)
+                prods = [ph, np.where(np.isfinite(ph), pl, 0.0)]
+        return out.round(_exact(prods, out.native)).reshape(shape)
+    if fused and order in ("sequential", "blocked"):
+        if order == "sequential" or k <= blk:
+            s = acc.mul(row(xr, 0), row(yr, 0), exact_inputs=exact_in)
+            for i in range(1, k):
+                s = acc.fma(row(xr, i), row(yr, i), s, exact_inputs=exact_in)
+            return out.round(s).reshape(shape)
+        # blocked and fused: fma chains inside each block (all blocks at once), then a sequential sum
+        nb = -(-k // blk)
+        pad = nb * blk - k
+        xp = np.concatenate([xr, np.zeros((pad,) + xr.shape[1:])]) if pad else xr
+        yp = np.concatenate([yr, np.zeros((pad,) + yr.shape[1:])]) if pad else yr
+        xb = xp.reshape((nb, blk) + xr.shape[1:]).swapaxes(0, 1)  # (blk, nb, ...)
+        yb = yp.reshape((nb, blk) + yr.shape[1:]).swapaxes(0, 1)
+        s = acc.mul(row(xb, 0, (nb,)), row(yb, 0, (nb,)), exact_inputs=exact_in)
+        for j in range(1, blk):
+            nxt = acc.fma(row(xb, j, (nb,)), row(yb, j, (nb,)), s, exact_inputs=exact_in)
+            if pad and j >= blk - pad:
+                nxt[nb - 1] = s[nb - 1]  # the last block is short
+            s = nxt
+        return out.round(_seq(acc, s, True)).reshape(shape)
+    if order == "pairwise":
+        p = acc.mul(full(xr), full(yr), exact_inputs=exact_in)
+        return out.round(np.ascontiguousarray(_pairwise(acc, p, True))).reshape(shape)
+    # unfused sequential, blocked and kahan: products rounded into the accumulator format, one row at a time
+    if order == "blocked":
+        p = acc.mul(full(xr), full(yr), exact_inputs=exact_in)
+        return out.round(np.ascontiguousarray(_blocked(acc, p, blk, True))).reshape(shape)
+    s = acc.mul(row(xr, 0), row(yr, 0), exact_inputs=exact_in)
+    c = np.zeros_like(s)
+    for i in range(1, k):
+        t = acc.mul(row(xr, i), row(yr, i), exact_inputs=exact_in)
+        if order == "sequential":
+            s = acc.add(s, t, exact_inputs=True)
+        else:
+            y = acc.sub(t, c, exact_inputs=True)
+            u = acc.add(s, y, exact_inputs=True)
+            c = acc.sub(acc.sub(u, s, exact_inputs=True), y, exact_inputs=True)
+            s = u
+    return out.round(s).reshape(shape)
+
+
+_ = builtins  # the module shadows the builtin sum on purpose; builtins.sum stays reachable
+# FPArray (one layer below) reduces through these
+_register_reductions(sum=sum, matmul=matmul, check_order=_check_order, check_block=_check_block)

@@ -1,0 +1,751 @@
+"""Correctly rounded arithmetic in any format: ``add, sub, mul, div, sqrt, fma``, each rounded once.
+
+How the exact result is rounded once
+------------------------------------
+Every operation first produces, in float64, the pair ``(s, e)`` with ``s = RN64(x)`` the float64 nearest
+to the exact result ``x`` and ``e`` an exact residual (or at least one with the sign of ``x - s`` and
+zero exactly when ``x == s``), using error-free transformations:
+
+* ``add``/``sub``: TwoSum (Knuth): ``s = a + b`` and ``e = (a - (s - bb)) + (b - bb)``, ``bb = s - a``;
+* ``mul``: the product of two operands of at most 26 significant bits (every float32, hence every format
+  up to fp32) is exact in float64; other operands use Dekker's TwoProduct (splitting into halves);
+* ``div``/``sqrt``: ``q = RN64(a / b)`` and the remainder ``a - q*b`` (``a - s*s``), computed exactly
+  with TwoProduct and Sterbenz's lemma, whose sign says on which side of ``q`` the quotient lies;
+* ``fma``: the product exactly (as above) and the sum of three terms with Boldo and Melquiond's
+  algorithm: ``th + tl = c + ph``, ``v = RO(tl + pl)``, ``RO(th + v)``.
+
+From ``(s, e)`` the *round-to-odd* float64 ``RO53(x)`` is two integer operations on the bits of ``s``
+(step toward zero when ``e`` points toward zero, then set the last bit when inexact). Rounding ``RO53(x)``
+into any format of precision ``p <= 51`` with :func:`fpsim.round` is the correct rounding of ``x`` in
+every deterministic mode (Boldo and Melquiond's round-to-odd theorem: every rounding boundary of the
+target is an even float64, and ``RO53(x)`` lies strictly between the same two float64 values as ``x``).
+Stochastic rounding (``"sr"``) then rounds ``RO53(x)`` stochastically: the probability of rounding up is
+exact when the result is exactly a float64 and otherwise off by less than ``2**-53`` relative to the gap.
+
+Operands that overflow or underflow these transformations (magnitudes beyond about ``2**±900`` — only
+possible for float64 inputs that are not values of the format) are scaled by powers of two first; a
+result whose magnitude lies far outside the target's range keeps only its sign and "tiny"/"huge", which
+is all that rounding needs. Results are therefore one correct rounding of the exact result for *any*
+finite float input, not only for operands representable in the format.
+
+For round-to-nearest-even and ``p <= 25`` (fp16, bf16 and narrower) with operands that are values of the
+format, plain float64 ``+ - * / sqrt`` followed by one rounding is already correct (double rounding is
+innocuous when ``53 >= 2p + 2``); :class:`fpsim.FPArray` uses that shortcut, the public functions do not
+(they cannot know that arbitrary inputs are representable).
+
+Special values follow IEEE 754: ``inf - inf``, ``0 * inf``, ``0 / 0``, ``inf / inf`` and the square root
+of a negative number give NaN; ``x / 0`` gives a signed infinity; an exact zero sum is ``+0`` except
+under ``"rdn"`` where it is ``-0`` (IEEE 754 §6.3; ``x + x`` keeps the sign of ``x``), also for ``fma``;
+``sqrt(-0) = -0``. NaN and infinity then take the format's encoding (no infinity: NaN or ±max; no NaN:
+the NaN stays a float NaN), as for :func:`fpsim.round`.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .formats import Format, FormatLike, as_format
+from .rounding import (
+    Overflow,
+    Rounding,
+    RoundingLike,
+    _as_float_array,
+    as_overflow,
+    as_rounding,
+)
+
+__all__ = ["add", "div", "fma", "mul", "sqrt", "sub", "supports"]
+
+_F64 = np.float64
+_U64 = np.uint64
+_SPLIT = 134217729.0  # 2**27 + 1: Dekker's splitter for 53-bit significands
+_LOW27 = np.uint64((1 << 27) - 1)
+# The error-free transformations need intermediates well inside float64's range. Inside [TINY, HUGE]
+# nothing can overflow or lose bits to underflow; elements outside take the scaled path.
+_TINY = 2.0**-900
+_HUGE = 2.0**900
+# Stand-ins for results far outside every supported format's range: any value between 0 and half the
+# smallest subnormal (resp. beyond the overflow threshold) rounds the same way in every mode.
+_STICKY_TINY = 2.0**-960
+_STICKY_HUGE = 2.0**960
+_FAR = 950  # |result| outside 2**±950 is replaced by a stand-in
+_D = struct.Struct("<d")
+_Q = struct.Struct("<Q")
+
+
+def supports(fmt: FormatLike) -> bool:
+    """Whether the arithmetic functions support ``fmt`` in every rounding mode.
+
+    Every format of precision ``p <= 51`` whose range lies well inside float64's (all registered
+    formats except fp64) is supported in every mode; fp64 itself only with ``rounding="rne"``
+    (native float64 arithmetic).
+
+    >>> import fpsim
+    >>> fpsim.arith.supports("fp32"), fpsim.arith.supports("fp64")
+    (True, False)
+    """
+    f = as_format(fmt)
+    return f.p <= 51 and f.emax <= 890 and f.emin - f.mbits >= -890
+
+
+def _is_fp64(f: Format) -> bool:
+    return f.p == 53 and f.emin == -1022 and f.emax == 1023 and f.has_inf and f.subnormals
+
+
+# --------------------------------------------------------------------------------------------------
+# Error-free transformations (vectorized, float64)
+
+
+def _two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """s + e == a + b exactly, s = RN(a + b) (Knuth; no magnitude condition)."""
+    s = a + b
+    bb = s - a
+    e = s - bb
+    np.subtract(a, e, out=e)  # in place: fewer temporaries (the same operations as the formula)
+    np.subtract(b, bb, out=bb)
+    np.add(e, bb, out=e)
+    return s, e
+
+
+def _split(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    c = _SPLIT * a
+    hi = c - (c - a)
+    return hi, a - hi
+
+
+def _two_prod(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """p + e == a * b exactly (Dekker), for |a|, |b| < 2**995 and |a*b| >= 2**-969."""
+    p = a * b
+    ah, al = _split(a)
+    bh, bl = _split(b)
+    e = ((ah * bh - p) + ah * bl + al * bh) + al * bl
+    return p, e
+
+
+def _round_to_odd(s: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """RO53(s + e) from s = RN64(s + e) and the residual e (only its sign and zeroness are used).
+
+    Requires s finite and nonzero wherever e != 0 (true inside the safe range).
+    """
+    inexact = e != 0
+    toward_zero = e < 0
+    np.not_equal(toward_zero, s < 0, out=toward_zero)
+    toward_zero &= inexact
+    u = s.view(_U64) - toward_zero  # RTZ53: one step toward zero (bool promotes to uint64)
+    u |= inexact  # then the sticky last bit
+    return np.asarray(u.view(_F64))
+
+
+def _short(x: np.ndarray) -> bool:
+    """All values have at most 26 significant bits (products of two such are exact in float64)."""
+    return bool(not np.any(x.view(_U64) & _LOW27))
+
+
+def _place(z: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """z * 2**k for scaled results z (|z| in [2**-60, 4) or 0), with far-away results replaced by stand-ins."""
+    with np.errstate(divide="ignore"):
+        ez = np.frexp(z)[1] + k
+    out = np.ldexp(z, np.clip(k, -2000, 2000).astype(np.int32))
+    out = np.where(ez < -_FAR, np.copysign(_STICKY_TINY, z), out)
+    out = np.where(ez > _FAR, np.copysign(_STICKY_HUGE, z), out)
+    return np.where(z == 0, z, out)
+
+
+def _clamp_far(x: np.ndarray) -> np.ndarray:
+    """Replace magnitudes beyond 2**±950 (including 0 that stands for a nonzero tiny) by stand-ins."""
+    ax = np.abs(x)
+    out = np.where(ax > 2.0**_FAR, np.copysign(_STICKY_HUGE, x), x)
+    return np.where(ax < 2.0**-_FAR, np.copysign(_STICKY_TINY, x), out)
+
+
+# --------------------------------------------------------------------------------------------------
+# Operations on float64 arrays (already broadcast). Each returns RO53 of the exact result, or the exact
+# special value (NaN, ±inf, signed zero), ready for one rounding into the target.
+
+
+def _add_ro(a: np.ndarray, b: np.ndarray, rdn: bool) -> np.ndarray:
+    s, e = _two_sum(a, b)
+    ok = np.isfinite(e)  # NaN/inf operands, or overflow inside TwoSum
+    if not ok.all():
+        bad = ~ok
+        ab, bb = a[bad], b[bad]
+        fin = np.isfinite(ab) & np.isfinite(bb)
+        s_b = ab + bb  # IEEE special results (inf, NaN) where an operand is not finite
+        e_b = np.zeros_like(s_b)
+        if fin.any():
+            # Huge finite operands: halve both (a negligible partner is first raised to a sticky size).
+            x = np.where(np.abs(ab[fin]) < _TINY, np.copysign(_TINY, ab[fin]), ab[fin]) * 0.25
+            y = np.where(np.abs(bb[fin]) < _TINY, np.copysign(_TINY, bb[fin]), bb[fin]) * 0.25
+            x = np.where(ab[fin] == 0, 0.0, x)
+            y = np.where(bb[fin] == 0, 0.0, y)
+            ss, ee = _two_sum(x, y)
+            z = _round_to_odd(ss, ee)
+            s_b[fin] = _place(z, np.full(z.shape, 2))
+        s = s.copy()
+        e = e.copy()
+        s[bad] = s_b
+        e[bad] = e_b
+    r = _round_to_odd(s, e)
+    if rdn:
+        # IEEE 754 §6.3: an exact zero sum is -0 under roundTowardNegative unless both addends are +0.
+        z = r == 0
+        if z.any():
+            both_pos_zero = (a == 0) & (b == 0) & ~np.signbit(a) & ~np.signbit(b)
+            r = np.where(z & ~both_pos_zero, -0.0, r)
+    return r
+
+
+def _add_ro_scalar(a: float, b: float, rdn: bool) -> float | None:
+    """`_add_ro` for one pair of finite Python floats (None when the array path is needed)."""
+    s = a + b
+    if not (-2.0**1020 < a < 2.0**1020 and -2.0**1020 < b < 2.0**1020):
+        return None
+    bb = s - a
+    e = (a - (s - bb)) + (b - bb)
+    if e != 0:
+        u = _Q.unpack(_D.pack(s))[0]
+        if (e < 0) != (s < 0):
+            u -= 1
+        return float(_D.unpack(_Q.pack(u | 1))[0])
+    if s == 0 and rdn and not (a == 0 and b == 0 and math.copysign(1.0, a) > 0 and math.copysign(1.0, b) > 0):
+        return -0.0
+    return s
+
+
+def _mul_ro(a: np.ndarray, b: np.ndarray, short: bool) -> np.ndarray:
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        p = a * b
+    if short:
+        # exact whenever it neither overflows nor leaves the normal range
+        ap = np.abs(p)
+        good = (ap >= 2.0**-1000) & (ap <= 2.0**1000)
+        if good.all():
+            return np.asarray(p)
+        fin = np.isfinite(a) & np.isfinite(b) & (a != 0) & (b != 0)
+        fix = ~good & fin
+        return np.where(fix, _clamp_far(p), p)
+    # Dekker's TwoProduct where nothing can overflow or underflow; other finite operands are scaled first
+    ok = _in_range(a) & _in_range(b) & _in_range(p)
+    if ok.all():
+        s, e = _two_prod(a, b)
+        return _round_to_odd(s, e)
+    out = p.copy()  # specials (NaN, inf, signed zeros) are exact as computed
+    if ok.any():
+        s, e = _two_prod(a[ok], b[ok])
+        out[ok] = _round_to_odd(s, e)
+    fin = ~ok & np.isfinite(a) & np.isfinite(b) & (a != 0) & (b != 0)
+    if fin.any():
+        ma, ea = np.frexp(a[fin])
+        mb, eb = np.frexp(b[fin])
+        s, e = _two_prod(ma, mb)
+        out[fin] = _place(_round_to_odd(s, e), ea.astype(np.int64) + eb)
+    return np.asarray(out)
+
+
+def _in_range(x: np.ndarray) -> np.ndarray:
+    ax = np.abs(x)
+    return np.asarray((ax >= _TINY) & (ax <= _HUGE))
+
+
+def _div_ro(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        q = a / b
+    # Fast path: operands and quotient well inside float64's range (every format value qualifies).
+    ok = _in_range(a) & _in_range(b) & _in_range(q)
+    if ok.all():
+        p, pe = _two_prod(q, b)
+        r = (a - p) - pe  # the exact remainder a - q*b (Sterbenz; it is representable)
+        return _round_to_odd(q, np.where(b < 0, -r, r))  # sign of a/b - q
+    out = q.copy()  # x/0, 0/x, inf/x, x/inf, NaN: exact as IEEE computes them
+    if ok.any():
+        out[ok] = _div_ro(a[ok], b[ok])
+    fin = ~ok & np.isfinite(a) & np.isfinite(b) & (a != 0) & (b != 0)
+    if fin.any():
+        ma, ea = np.frexp(a[fin])
+        mb, eb = np.frexp(b[fin])
+        qq = ma / mb  # in (0.5, 2): the remainder below is free of under- and overflow
+        p, pe = _two_prod(qq, mb)
+        r = (ma - p) - pe
+        out[fin] = _place(_round_to_odd(qq, np.where(mb < 0, -r, r)), ea.astype(np.int64) - eb)
+    return np.asarray(out)
+
+
+def _sqrt_ro(a: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore"):
+        s = np.sqrt(a)  # sqrt(-0) = -0, sqrt(x<0) = NaN, sqrt(inf) = inf
+    ok = (a >= _TINY) & (a <= _HUGE)
+    if ok.all():
+        p, pe = _two_prod(s, s)
+        return _round_to_odd(s, (a - p) - pe)
+    out = s.copy()
+    if ok.any():
+        out[ok] = _sqrt_ro(a[ok])
+    fin = ~ok & np.isfinite(a) & (a > 0)
+    if fin.any():
+        m, ex = np.frexp(a[fin])
+        odd = (ex & 1) == 1
+        m = np.where(odd, m * 2.0, m)  # m in [0.5, 2), exponent even
+        ex = np.where(odd, ex - 1, ex).astype(np.int64)
+        r = np.sqrt(m)
+        p, pe = _two_prod(r, r)
+        out[fin] = _place(_round_to_odd(r, (m - p) - pe), ex // 2)
+    return np.asarray(out)
+
+
+def _fma_ro(a: np.ndarray, b: np.ndarray, c: np.ndarray, short: bool, rdn: bool,
+            bounded: bool = False) -> np.ndarray:
+    """``bounded``: a and b are known to be 0, NaN, inf or within 2**±500 (their product cannot underflow)."""
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        p = a * b
+        if short:
+            # Fast path: the product is exact (at most 52 bits) unless it leaves float64's normal range,
+            # and TwoSum is exact unless something overflows (then e is not finite).
+            s, e = _two_sum(p, c)
+            ok = bool(np.isfinite(e).all())
+            tiny_any = False
+            if ok and not bounded:
+                tiny = np.abs(p) < 2.0**-1000
+                if tiny.any():  # a zero operand makes an exact zero product: only nonzero ones are tiny
+                    tiny_any = bool(np.any((a[tiny] != 0) & (b[tiny] != 0)))
+            if ok and not tiny_any:
+                out = _round_to_odd(s, e)
+                return _fma_zero_sign(out, a, b, c, rdn)
+        else:
+            # Fast path for other operands: TwoProduct and the three-term sum need no scaling
+            ok_all = bool((_in_range(a) & _in_range(b) & _in_range(p) & (np.abs(c) <= _HUGE)).all())
+            if ok_all:
+                return _fma_zero_sign(_three_sum_ro(*_two_prod(a, b), c), a, b, c, rdn)
+        prod_fin = np.isfinite(a) & np.isfinite(b)
+        special = ~(prod_fin & np.isfinite(c))
+        zero_prod = ((a == 0) | (b == 0)) & ~special
+        # IEEE results where something is not finite (an overflowed float64 product is still finite
+        # in exact arithmetic, so then the result is c), and exact ones for a zero product.
+        native = np.where(prod_fin & ~np.isfinite(c), c, p + c)
+    easy = special | zero_prod
+    if short:
+        ap = np.abs(p)
+        reg = ~easy & (ap >= 2.0**-1000) & (ap <= 2.0**1000) & (np.abs(c) <= 2.0**1000)
+    else:
+        reg = np.zeros(p.shape, dtype=bool)
+    out = native.copy()
+    if reg.any():
+        s, e = _two_sum(p[reg], c[reg])
+        out[reg] = _round_to_odd(s, e)
+    gen = ~easy & ~reg
+    if gen.any():
+        out[gen] = _fma_general(a[gen], b[gen], c[gen])
+    return _fma_zero_sign(out, a, b, c, rdn, special)
+
+
+def _fma_zero_sign(out: np.ndarray, a: np.ndarray, b: np.ndarray, c: np.ndarray, rdn: bool,
+                   special: np.ndarray | None = None) -> np.ndarray:
+    """IEEE 754 §6.3 under rdn: an exact zero result is -0 unless product and c are both +0."""
+    if not rdn:
+        return out
+    z = out == 0
+    if not z.any():
+        return out
+    zero_prod = (a == 0) | (b == 0)
+    prod_neg = np.signbit(a) != np.signbit(b)
+    both_pos_zero = zero_prod & ~prod_neg & (c == 0) & ~np.signbit(c)
+    keep = both_pos_zero if special is None else both_pos_zero | special
+    return np.where(z & ~keep, -0.0, out)
+
+
+def _three_sum_ro(ph: np.ndarray, pl: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """RO53(ph + pl + c) for an exact product ph + pl (|pl| <= ulp(ph)/2): Boldo and Melquiond."""
+    th, tl = _two_sum(c, ph)
+    ws, we = _two_sum(tl, pl)
+    v = np.where(ws == 0, ws, _round_to_odd(np.where(ws == 0, 1.0, ws), we))
+    zs, ze = _two_sum(th, v)
+    return np.asarray(np.where(zs == 0, zs, _round_to_odd(np.where(zs == 0, 1.0, zs), ze)))
+
+
+def _fma_general(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """RO53(a*b + c) for finite a, b, c with a*b != 0, any magnitudes."""
+    with np.errstate(over="ignore", under="ignore"):
+        ok = _in_range(a) & _in_range(b) & _in_range(a * b) & (np.abs(c) <= _HUGE)
+    if ok.all():  # nothing can overflow, and the product's error term cannot underflow
+        return _three_sum_ro(*_two_prod(a, b), c)
+    out = np.empty_like(a)
+    if ok.any():
+        out[ok] = _three_sum_ro(*_two_prod(a[ok], b[ok]), c[ok])
+    rest = ~ok
+    out[rest] = _fma_scaled(a[rest], b[rest], c[rest])
+    return out
+
+
+def _fma_scaled(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """`_fma_general` for operands near the ends of float64's range: scaled by the product's exponent."""
+    ma, ea = np.frexp(a)
+    mb, eb = np.frexp(b)
+    k = ea.astype(np.int64) + eb
+    with np.errstate(divide="ignore"):
+        ec = np.where(c == 0, np.int64(-(1 << 20)), np.frexp(c)[1].astype(np.int64))
+    d = ec - k  # |c| ~ 2**d relative to |a*b| ~ 2**0 in the scaled frame
+    out = np.empty_like(a)
+    dom = d > 60  # c dominates: a*b acts as a sticky bit of c's sign-of-product direction
+    if dom.any():
+        cs = c[dom]
+        prod_sign = np.where(np.signbit(a[dom]) != np.signbit(b[dom]), -1.0, 1.0)
+        out[dom] = _clamp_far(_round_to_odd(_clamp_far(cs), prod_sign))
+    rest = ~dom
+    if rest.any():
+        kk = k[rest]
+        cr = c[rest]
+        dd = d[rest]
+        cs = np.where(dd < -200, np.copysign(2.0**-200, cr), np.ldexp(cr, np.clip(-kk, -2000, 2000).astype(np.int32)))
+        cs = np.where(cr == 0, 0.0, cs)
+        ph, pl = _two_prod(ma[rest], mb[rest])
+        out[rest] = _place(_three_sum_ro(ph, pl, cs), kk)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Public functions
+
+
+def _fparray_op(name: str, args: tuple[Any, ...]) -> Any:
+    """``fmt=None``: the operands' FPArray format, mode and promotion decide (see fpsim.array)."""
+    from .array import FPArray, _fma  # same layer; imported lazily (array.py builds on this module)
+
+    if not any(isinstance(x, FPArray) for x in args):
+        raise TypeError(f"{name}: fmt is required unless an operand is an FPArray")
+    if name == "fma":
+        return _fma(*args)
+    uf = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide, "sqrt": np.sqrt}[name]
+    return uf(*args)
+
+
+def _parse(fmt: FormatLike, rounding: RoundingLike, overflow: Overflow | str, subnormals: bool,
+           rng: np.random.Generator | None) -> tuple[Format, Rounding, Overflow]:
+    f = as_format(fmt)
+    mode = as_rounding(rounding)
+    ov = as_overflow(overflow)
+    if not isinstance(subnormals, (bool, np.bool_)):
+        raise TypeError(f"subnormals must be a bool, got {subnormals!r}")
+    if mode is Rounding.SR:
+        if rng is None:
+            raise ValueError("rounding='sr' needs rng=numpy.random.default_rng(seed)")
+        if not isinstance(rng, np.random.Generator):
+            raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    if not supports(f) and not (_is_fp64(f) and mode is Rounding.RNE):
+        raise ValueError(
+            f"arithmetic in {f.name} (p={f.p}, emin={f.emin}, emax={f.emax}) with rounding={mode.value!r} is not "
+            "supported: every mode works for formats with p <= 51 and a range inside 2**±890 "
+            "(all registered formats up to fp32); fp64 works with rounding='rne' only"
+        )
+    return f, mode, ov
+
+
+def _prepare(args: tuple[Any, ...], names: tuple[str, ...]) -> tuple[list[np.ndarray], bool, bool, tuple[int, ...]]:
+    """Convert operands to flat broadcast float64 arrays; report (all float32, all scalar, shape)."""
+    arrs = []
+    all32 = True
+    all_scalar = True
+    for x, name in zip(args, names):
+        a, scalar = _as_float_array(x, name)
+        all_scalar &= bool(scalar) or a.ndim == 0
+        all32 &= a.dtype == np.float32
+        arrs.append(a)
+    shaped = np.broadcast_arrays(*arrs)
+    dt = np.float32 if all32 else _F64
+    return [np.asarray(s, dtype=dt).reshape(-1) for s in shaped], all32, all_scalar, shaped[0].shape
+
+
+def _run(op: str, args: tuple[Any, ...], names: tuple[str, ...], fmt: FormatLike, rounding: RoundingLike,
+         overflow: Overflow | str, subnormals: bool, rng: np.random.Generator | None) -> Any:
+    ctx = Context(fmt, rounding, overflow=overflow, subnormals=subnormals, rng=rng)
+    xs, all32, scalar, shape = _prepare(args, names)
+    r = getattr(ctx, op)(*xs)
+    if all32 and ctx.fmt.fits_float32:
+        r = r.astype(np.float32)
+    r = r.reshape(shape)
+    return r[()] if scalar or r.ndim == 0 else r
+
+
+def add(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike = "rne",
+        overflow: Overflow | str = "ieee", subnormals: bool = True, rng: np.random.Generator | None = None) -> Any:
+    """``a + b`` computed exactly and rounded once into ``fmt``; broadcasts like ``np.add``.
+
+    Parameters
+    ----------
+    a, b : array_like or scalar
+        Any float (or small integer) values. Operands that are values of ``fmt`` give the IEEE 754
+        operation of that format; any other finite float64 operands still give one correct rounding of
+        the exact result.
+    fmt : Format or str, optional
+        Target format: every registered format up to fp32 in every mode (see :func:`supports`); fp64
+        with ``"rne"`` only. May be omitted when an operand is an :class:`fpsim.FPArray`: the array's
+        format, mode and promotion rule apply and an FPArray is returned.
+    rounding : {"rne", "rna", "rtz", "rup", "rdn", "rto", "sr"}
+        Rounding mode of the single rounding.
+    overflow : {"ieee", "saturate"}
+        Overflow policy, as for :func:`fpsim.round`.
+    subnormals : bool
+        ``False`` flushes subnormal results to signed zero.
+    rng : numpy.random.Generator, optional
+        Random bits for ``"sr"`` (required for it).
+
+    Returns
+    -------
+    numpy.ndarray or numpy scalar
+        float32 when all operands are float32 and ``fmt`` fits float32, else float64.
+
+    Examples
+    --------
+    >>> import fpsim
+    >>> float(fpsim.add(256, 1, "bf16"))              # 257 is a tie between 256 and 258: to even
+    256.0
+    >>> float(fpsim.add(256, 1, "bf16", rounding="rup"))
+    258.0
+    >>> float(fpsim.add(1.0, -1.0, "fp16", rounding="rdn"))  # exact zero sum under rdn
+    -0.0
+    """
+    if fmt is None:
+        return _fparray_op("add", (a, b))
+    return _run("add", (a, b), ("a", "b"), fmt, rounding, overflow, subnormals, rng)
+
+
+def sub(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike = "rne", overflow: Overflow | str = "ieee",
+        subnormals: bool = True, rng: np.random.Generator | None = None) -> Any:
+    """``a - b`` computed exactly and rounded once into ``fmt`` (see :func:`add`).
+
+    >>> import fpsim
+    >>> float(fpsim.sub(1.0, 2.0**-12, "fp16"))       # 1 - 2**-12 is a tie below 1: to even
+    1.0
+    >>> float(fpsim.sub(1.0, 2.0**-12, "fp16", rounding="rdn"))
+    0.99951171875
+    """
+    if fmt is None:
+        return _fparray_op("sub", (a, b))
+    return _run("sub", (a, b), ("a", "b"), fmt, rounding, overflow, subnormals, rng)
+
+
+def mul(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike = "rne", overflow: Overflow | str = "ieee",
+        subnormals: bool = True, rng: np.random.Generator | None = None) -> Any:
+    """``a * b`` computed exactly and rounded once into ``fmt`` (see :func:`add` for the parameters).
+
+    >>> import fpsim
+    >>> float(fpsim.mul(3.0, 1.0 / 3.0, "fp32"))     # 1/3 is a float64 here; the product is rounded once
+    1.0
+    >>> float(fpsim.mul(0.0, float("inf"), "fp16"))
+    nan
+    """
+    if fmt is None:
+        return _fparray_op("mul", (a, b))
+    return _run("mul", (a, b), ("a", "b"), fmt, rounding, overflow, subnormals, rng)
+
+
+def div(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike = "rne", overflow: Overflow | str = "ieee",
+        subnormals: bool = True, rng: np.random.Generator | None = None) -> Any:
+    """``a / b`` correctly rounded into ``fmt`` (see :func:`add` for the parameters).
+
+    >>> import fpsim
+    >>> float(fpsim.div(1, 3, "bf16")), float(fpsim.div(1, 3, "bf16", rounding="rup"))
+    (0.333984375, 0.333984375)
+    >>> float(fpsim.div(1, 3, "bf16", rounding="rtz"))
+    0.33203125
+    >>> float(fpsim.div(-1.0, 0.0, "fp16"))
+    -inf
+    """
+    if fmt is None:
+        return _fparray_op("div", (a, b))
+    return _run("div", (a, b), ("a", "b"), fmt, rounding, overflow, subnormals, rng)
+
+
+def sqrt(a: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike = "rne", overflow: Overflow | str = "ieee",
+         subnormals: bool = True, rng: np.random.Generator | None = None) -> Any:
+    """Square root correctly rounded into ``fmt`` (see :func:`add` for the parameters).
+
+    >>> import fpsim
+    >>> float(fpsim.sqrt(2, "bf16")), float(fpsim.sqrt(2, "bf16", rounding="rtz"))
+    (1.4140625, 1.4140625)
+    >>> float(fpsim.sqrt(-0.0, "fp16")), float(fpsim.sqrt(-1.0, "fp16"))
+    (-0.0, nan)
+    """
+    if fmt is None:
+        return _fparray_op("sqrt", (a,))
+    return _run("sqrt", (a,), ("a",), fmt, rounding, overflow, subnormals, rng)
+
+
+def fma(a: Any, b: Any, c: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike = "rne",
+        overflow: Overflow | str = "ieee", subnormals: bool = True, rng: np.random.Generator | None = None) -> Any:
+    """Fused multiply-add ``a * b + c``, computed exactly and rounded once into ``fmt``.
+
+    Exact for every finite input (fp32 operands included: their product is exact in float64 and the
+    sum is an error-free TwoSum). Sign rules of IEEE 754: an exact zero result is ``+0`` (``-0`` under
+    ``"rdn"``) unless the product and ``c`` are zeros of the same sign.
+
+    >>> import fpsim
+    >>> a = 1 + 2.0**-12                                   # a float32
+    >>> float(fpsim.fma(a, a, -1.0, "fp32"))             # exact: 2**-11 + 2**-24, rounded once
+    0.0004883408546447754
+    >>> float(fpsim.sub(fpsim.mul(a, a, "fp32"), 1.0, "fp32"))  # the product's rounding loses 2**-24
+    0.00048828125
+    >>> float(fpsim.fma(2.0**-12, 2.0**-12, 1.0, "fp16", rounding="rup"))
+    1.0009765625
+    """
+    if fmt is None:
+        return _fparray_op("fma", (a, b, c))
+    return _run("fma", (a, b, c), ("a", "b", "c"), fmt, rounding, overflow, subnormals, rng)
+
+
+def _fma_fp64(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """RN64(a*b + c): Boldo and Melquiond's RN(th + RO(tl + pl)), valid while nothing over- or underflows."""
+    p = a * b
+    fin = np.isfinite(a) & np.isfinite(b) & np.isfinite(c)
+    out = p + c
+    safe = fin & (np.abs(p) >= 2.0**-900) & (np.abs(p) <= 2.0**900) & (np.abs(c) <= 2.0**900)
+    if safe.any():
+        aa, bb, cc = a[safe], b[safe], c[safe]
+        ph, pl = _two_prod(aa, bb)
+        th, tl = _two_sum(cc, ph)
+        ws, we = _two_sum(tl, pl)
+        v = np.where(ws == 0, ws, _round_to_odd(np.where(ws == 0, 1.0, ws), we))
+        out[safe] = th + v
+    unsafe = fin & ~safe & (a != 0) & (b != 0)
+    if unsafe.any():
+        raise ValueError("fma in fp64 supports products and addends within 2**±900 only")
+    return np.asarray(out)
+
+
+# --------------------------------------------------------------------------------------------------
+# A pre-parsed arithmetic context for the layers above (FPArray, summation orders): the format, mode and
+# options are validated once, and small arrays skip the per-call set-up of `fpsim.round`.
+
+_CH = 1 << 15  # elements per chunk: the temporaries of the error-free transformations stay in cache
+
+
+class Context:
+    """Correctly rounded arithmetic in one format and mode, on float64 arrays, with low per-call overhead.
+
+    The public functions (:func:`add`, ...) and the layers above (:class:`fpsim.FPArray`,
+    :mod:`fpsim.accumulate`, whose loops make many small calls) all go through it: the format, mode and
+    options are validated once, and large arrays are processed in cache-sized chunks. Operands are float64
+    NumPy arrays of one shape (no broadcasting here); results are new float64 arrays of that shape. With
+    ``exact_inputs=True`` the caller promises that the operands are values of the format, which enables
+    the plain-float64 shortcut for round-to-nearest-even in formats with ``p <= 25`` (double rounding is
+    innocuous there).
+
+    >>> import numpy as np, fpsim
+    >>> ctx = fpsim.arith.Context("bf16", "rup")
+    >>> ctx.add(np.array([256.0]), np.array([1.0]))
+    array([258.])
+    """
+
+    def __init__(self, fmt: FormatLike, rounding: RoundingLike = "rne", *, overflow: Overflow | str = "ieee",
+                 subnormals: bool = True, rng: np.random.Generator | None = None) -> None:
+        from . import rounding as _r
+
+        self.fmt, self.mode, self.overflow = _parse(fmt, rounding, overflow, subnormals, rng)
+        self.subnormals = bool(subnormals)
+        self.rng = rng
+        self.native = _is_fp64(self.fmt)
+        self._rdn = self.mode is Rounding.RDN
+        self._shortcut = self.mode is Rounding.RNE and self.fmt.p <= 25
+        self._bounded = self.fmt.emax <= 500 and self.fmt.emin - self.fmt.mbits >= -500
+        self._plan = None if self.native else _r._plan(_r._F64, self.fmt, self.mode, self.overflow,
+                                                        self.subnormals and self.fmt.subnormals, None)
+        # The compiled kernel of fpsim.rounding when present (same results as the NumPy kernel, less
+        # overhead per call); its parameters are computed once here.
+        self._cparams = None
+        if self._plan is not None and getattr(_r, "_ckernel", None) is not None and hasattr(_r, "_c_params"):
+            try:
+                self._cparams = _r._c_params(self._plan)
+            except Exception:  # noqa: BLE001  # pragma: no cover - an incompatible kernel: NumPy one
+                self._cparams = None
+
+    # -- rounding -----------------------------------------------------------------------------------
+    def _round_chunk(self, x: np.ndarray) -> np.ndarray:
+        """Round a contiguous 1-D float64 array of at most _CH elements."""
+        from . import rounding as _r
+
+        bits = x.view(_U64)
+        if self._cparams is not None and _r.use_c_kernel:
+            res = np.empty_like(bits)
+            rand = None if self.mode is not Rounding.SR else _r._random_words(self.rng, bits.size, _r._F64)  # type: ignore[arg-type]
+            _r._ckernel.round_bits(bits, res, rand, self._cparams)  # type: ignore[attr-defined]
+            return np.asarray(res.view(_F64))
+        with np.errstate(invalid="ignore"):
+            return np.asarray(_r._kernel(bits, self._plan, self.rng).view(_F64))  # type: ignore[arg-type]
+
+    def _native(self, x: np.ndarray) -> np.ndarray:
+        """fp64: the float64 result is already the IEEE one; apply the flush and saturation options."""
+        if not self.subnormals:
+            x = np.where((np.abs(x) < self.fmt.min_normal) & (x != 0), np.copysign(0.0, x), x)
+        if self.overflow is Overflow.SATURATE:
+            x = np.clip(x, -self.fmt.max, self.fmt.max)
+        return x
+
+    def round(self, x: np.ndarray) -> np.ndarray:
+        """Round float64 values (exact values, or RO53 of exact results) into the format."""
+        return self._apply(lambda v: v, x)
+
+    def _apply(self, core: Callable[..., np.ndarray], *xs: np.ndarray) -> np.ndarray:
+        """round(core(*chunk)) over cache-sized chunks of same-shaped float64 operands."""
+        shape = xs[0].shape
+        flat = [x.reshape(-1) for x in xs]  # float32 operands are widened chunk by chunk (in cache)
+        n = flat[0].size
+        with np.errstate(all="ignore"):
+            if n <= _CH:
+                r = np.ascontiguousarray(core(*[np.asarray(f, dtype=_F64) for f in flat]), dtype=_F64)
+                out = self._native(r) if self.native else self._round_chunk(r)
+                return out.reshape(shape)
+            out = np.empty(n)
+            for i in range(0, n, _CH):
+                r = np.ascontiguousarray(core(*[np.asarray(f[i : i + _CH], dtype=_F64) for f in flat]), dtype=_F64)
+                out[i : i + _CH] = self._native(r) if self.native else self._round_chunk(r)
+        return out.reshape(shape)
+
+    # -- operations ---------------------------------------------------------------------------------
+    def add(self, a: np.ndarray, b: np.ndarray, *, exact_inputs: bool = False) -> np.ndarray:
+        """a + b, rounded once."""
+        if a.size == 1 and b.size == 1 and a.shape == b.shape and not self.native:
+            # one element (a 1-D running sum): the same TwoSum and round-to-odd on Python floats
+            r = _add_ro_scalar(float(a.reshape(-1)[0]), float(b.reshape(-1)[0]), self._rdn)
+            if r is not None:
+                return self._round_chunk(np.full(1, r)).reshape(a.shape)
+        if self.native or (exact_inputs and self._shortcut):
+            return self._apply(np.add, a, b)
+        rdn = self._rdn
+        return self._apply(lambda x, y: _add_ro(x, y, rdn), a, b)
+
+    def sub(self, a: np.ndarray, b: np.ndarray, *, exact_inputs: bool = False) -> np.ndarray:
+        """a - b, rounded once."""
+        return self.add(a, -b, exact_inputs=exact_inputs)
+
+    def mul(self, a: np.ndarray, b: np.ndarray, *, exact_inputs: bool = False) -> np.ndarray:
+        """a * b, rounded once."""
+        if self.native:
+            return self._apply(np.multiply, a, b)
+        known_short = (exact_inputs and self.fmt.p <= 26) or (a.dtype == np.float32 and b.dtype == np.float32)
+        return self._apply(lambda x, y: _mul_ro(x, y, known_short or (_short(x) and _short(y))), a, b)
+
+    def div(self, a: np.ndarray, b: np.ndarray, *, exact_inputs: bool = False) -> np.ndarray:
+        """a / b, rounded once."""
+        if self.native or (exact_inputs and self._shortcut):
+            return self._apply(np.divide, a, b)
+        return self._apply(_div_ro, a, b)
+
+    def sqrt(self, a: np.ndarray, *, exact_inputs: bool = False) -> np.ndarray:
+        """Square root, rounded once."""
+        if self.native or (exact_inputs and self._shortcut):
+            return self._apply(np.sqrt, a)
+        return self._apply(_sqrt_ro, a)
+
+    def fma(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, *, exact_inputs: bool = False) -> np.ndarray:
+        """a * b + c, rounded once."""
+        if self.native:
+            return self._apply(_fma_fp64, a, b, c)
+        f32 = a.dtype == np.float32 and b.dtype == np.float32
+        known_short = (exact_inputs and self.fmt.p <= 26) or f32
+        bounded = f32 or (exact_inputs and self._bounded)
+        rdn = self._rdn
+        return self._apply(
+            lambda x, y, z: _fma_ro(x, y, z, known_short or (_short(x) and _short(y)), rdn, bounded), a, b, c)
