@@ -55,8 +55,7 @@ from .rounding import (
     Rounding,
     RoundingLike,
     _as_float_array,
-    as_overflow,
-    as_rounding,
+    parse_options,
 )
 
 __all__ = ["add", "div", "fma", "mul", "sqrt", "sub", "supports"]
@@ -424,16 +423,7 @@ def _fparray_op(name: str, args: tuple[Any, ...]) -> Any:
 
 def _parse(fmt: FormatLike, rounding: RoundingLike, overflow: Overflow | str, subnormals: bool,
            rng: np.random.Generator | None) -> tuple[Format, Rounding, Overflow]:
-    f = as_format(fmt)
-    mode = as_rounding(rounding)
-    ov = as_overflow(overflow)
-    if not isinstance(subnormals, (bool, np.bool_)):
-        raise TypeError(f"subnormals must be a bool, got {subnormals!r}")
-    if mode is Rounding.SR:
-        if rng is None:
-            raise ValueError("rounding='sr' needs rng=numpy.random.default_rng(seed)")
-        if not isinstance(rng, np.random.Generator):
-            raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    f, mode, ov = parse_options(fmt, rounding, overflow, subnormals, rng)
     if not supports(f) and not (_is_fp64(f) and mode is Rounding.RNE):
         raise ValueError(
             f"arithmetic in {f.name} (p={f.p}, emin={f.emin}, emax={f.emax}) with rounding={mode.value!r} is not "

@@ -16,21 +16,22 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, TypeVar, Union
 
 import numpy as np
 
 from .formats import Format, FormatLike, as_format
 
 __all__ = [
+    "Overflow",
     "Rounding",
     "RoundingLike",
-    "Overflow",
-    "round",
-    "as_rounding",
-    "as_overflow",
     "RoundingReport",
     "analyze",
+    "as_overflow",
+    "as_rounding",
+    "parse_options",
+    "round",
 ]
 
 _CHUNK = 1 << 15  # elements per chunk: a few 256 KiB temporaries stay in L2
@@ -68,32 +69,50 @@ class Overflow(str, enum.Enum):
 RoundingLike = Union[Rounding, str]
 
 
-def as_rounding(mode: RoundingLike) -> Rounding:
-    """Parse a rounding mode name (case-insensitive) or `Rounding` member."""
-    if isinstance(mode, Rounding):
-        return mode
-    if isinstance(mode, str):
+_E = TypeVar("_E", Rounding, Overflow)
+
+
+def _parse_enum(cls: type[_E], value: object, what: str) -> _E:
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, str):
         try:
-            return Rounding(mode.strip().lower())
+            return cls(value.strip().lower())
         except ValueError:
             pass
-        valid = ", ".join(m.value for m in Rounding)
-        raise ValueError(f"unknown rounding mode {mode!r}; valid: {valid}")
-    raise TypeError(f"rounding must be a Rounding or a string, got {type(mode).__name__}: {mode!r}")
+        valid = ", ".join(m.value for m in cls)
+        raise ValueError(f"unknown {what} {value!r}; valid: {valid}")
+    raise TypeError(f"{what} must be a {cls.__name__} or a string, got {type(value).__name__}: {value!r}")
+
+
+def as_rounding(mode: RoundingLike) -> Rounding:
+    """Parse a rounding mode name (case-insensitive) or `Rounding` member."""
+    return _parse_enum(Rounding, mode, "rounding mode")
 
 
 def as_overflow(policy: Overflow | str) -> Overflow:
     """Parse an overflow policy name or `Overflow` member."""
-    if isinstance(policy, Overflow):
-        return policy
-    if isinstance(policy, str):
-        try:
-            return Overflow(policy.strip().lower())
-        except ValueError:
-            pass
-        valid = ", ".join(m.value for m in Overflow)
-        raise ValueError(f"unknown overflow policy {policy!r}; valid: {valid}")
-    raise TypeError(f"overflow must be an Overflow or a string, got {type(policy).__name__}: {policy!r}")
+    return _parse_enum(Overflow, policy, "overflow policy")
+
+
+def parse_options(fmt: FormatLike, rounding: RoundingLike, overflow: Overflow | str, subnormals: bool,
+                  rng: np.random.Generator | None, sr_bits: int | None = None) -> tuple[Format, Rounding, Overflow]:
+    """Validate the options every rounding entry point takes (once, at the API edge)."""
+    f = as_format(fmt)
+    mode = as_rounding(rounding)
+    ov = as_overflow(overflow)
+    if not isinstance(subnormals, (bool, np.bool_)):
+        raise TypeError(f"subnormals must be a bool, got {subnormals!r}")
+    if mode is Rounding.SR:
+        if rng is None:
+            raise ValueError("rounding='sr' needs rng=numpy.random.default_rng(seed)")
+        if not isinstance(rng, np.random.Generator):
+            raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+        if sr_bits is not None and (not isinstance(sr_bits, (int, np.integer)) or not 1 <= sr_bits <= 52):
+            raise ValueError(f"sr_bits must be an int in 1..52 or None, got {sr_bits!r}")
+    elif sr_bits is not None:
+        raise ValueError(f"sr_bits applies only to rounding='sr', got rounding={mode.value!r}")
+    return f, mode, ov
 
 
 # --------------------------------------------------------------------------------------------------
@@ -489,20 +508,7 @@ def round(
     >>> fpsim.round(0.1, "fp16", "rtz")
     np.float64(0.0999755859375)
     """
-    f = as_format(fmt)
-    mode = as_rounding(rounding)
-    ov = as_overflow(overflow)
-    if not isinstance(subnormals, (bool, np.bool_)):
-        raise TypeError(f"subnormals must be a bool, got {subnormals!r}")
-    if mode is Rounding.SR:
-        if rng is None:
-            raise ValueError("rounding='sr' needs rng=numpy.random.default_rng(seed)")
-        if not isinstance(rng, np.random.Generator):
-            raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
-        if sr_bits is not None and (not isinstance(sr_bits, (int, np.integer)) or not 1 <= sr_bits <= 52):
-            raise ValueError(f"sr_bits must be an int in 1..52 or None, got {sr_bits!r}")
-    elif sr_bits is not None:
-        raise ValueError(f"sr_bits applies only to rounding='sr', got rounding={mode.value!r}")
+    f, mode, ov = parse_options(fmt, rounding, overflow, subnormals, rng, sr_bits)
     is_scalar = np.isscalar(x) and not isinstance(x, (str, bytes))
     a, _ = _as_float_array(x)
     out = _round_array(a, f, mode, ov, bool(subnormals), rng, None if sr_bits is None else int(sr_bits))
