@@ -38,7 +38,7 @@ def require_cupy(device: int = 0) -> Any:
         import cupy
     except Exception as e:  # noqa: BLE001  (ImportError, or a broken CUDA install raising at import)
         raise GPUUnavailable(f"CuPy is not available ({type(e).__name__}: {e}); install the 'gpu' extra "
-                             "(pip install 'fpsim[gpu]') on a machine with a CUDA GPU") from None
+                             "(pip install 'fpsim-precision[gpu]') on a machine with a CUDA GPU") from None
     try:
         count = int(cupy.cuda.runtime.getDeviceCount())
     except Exception as e:  # noqa: BLE001  (CUDARuntimeError and driver errors alike mean "no GPU")
