@@ -1,0 +1,172 @@
+"""Optimizers (SGD with momentum, AdamW) and the weight store with optional FP32 master weights.
+
+The optimizer turns gradients into *intended* updates, keeping its moments in the policy's
+``optimizer_state`` format; :class:`MasterWeights` applies them to the stored weights in the policy's
+``weights`` format (FP32 master, or the low-precision params themselves) and counts the updates that
+rounding swallowed: an update smaller than half an ulp of its weight leaves the weight unchanged.
+
+>>> import numpy as np
+>>> from fpsim.amp import get_policy, MasterWeights
+>>> p = get_policy("fp16-no-master")
+>>> store = MasterWeights({"w": np.float32([1.0, 1.0])}, p, p.runtime())
+>>> lost = store.apply({"w": np.float32([1e-4, 1e-3])})   # 1e-4 < ulp(1)/2 = 2**-11 in fp16
+>>> store.weights["w"].tolist(), lost["w"]
+([1.0, 0.9990234375], 0.5)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from .policy import Policy
+
+__all__ = ["SGD", "AdamW", "MasterWeights", "make_optimizer"]
+
+_F32 = np.float32
+Cast = Callable[[np.ndarray], np.ndarray]
+
+
+def _identity(x: np.ndarray) -> np.ndarray:
+    return x
+
+
+class SGD:
+    """SGD with momentum (torch semantics: ``buf = momentum*buf + g``; update ``lr*buf``), decoupled
+    weight decay optional. The momentum buffer is rounded with ``cast_state`` after every step."""
+
+    def __init__(self, lr: float = 0.01, momentum: float = 0.9, weight_decay: float = 0.0,
+                 cast_state: Cast = _identity) -> None:
+        if not lr >= 0 or not 0 <= momentum < 1 or not weight_decay >= 0:
+            raise ValueError(f"SGD needs lr >= 0, 0 <= momentum < 1, weight_decay >= 0; got {lr}, {momentum}, "
+                             f"{weight_decay}")
+        self.lr, self.momentum, self.weight_decay = float(lr), float(momentum), float(weight_decay)
+        self.cast_state = cast_state
+        self.state: dict[str, np.ndarray] = {}
+        self.t = 0
+
+    def updates(self, weights: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray],
+                lr: float | None = None) -> dict[str, np.ndarray]:
+        lr32 = _F32(self.lr if lr is None else lr)
+        mom = _F32(self.momentum)
+        out = {}
+        for k, g in grads.items():
+            g = g.astype(_F32, copy=False)
+            buf = self.state.get(k)
+            buf = g.copy() if buf is None else mom * buf + g
+            buf = self.cast_state(buf)
+            self.state[k] = buf
+            u = lr32 * buf
+            if self.weight_decay:
+                u = u + lr32 * _F32(self.weight_decay) * weights[k]
+            out[k] = u
+        self.t += 1
+        return out
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        d = {f"buf.{k}": v for k, v in self.state.items()}
+        d["t"] = np.asarray(self.t)
+        return d
+
+    def load_state_dict(self, d: Mapping[str, np.ndarray]) -> None:
+        self.state = {k[4:]: np.asarray(v, _F32).copy() for k, v in d.items() if k.startswith("buf.")}
+        self.t = int(d["t"])
+
+
+class AdamW:
+    """AdamW (torch semantics, float32 arithmetic): ``m = b1 m + (1-b1) g``, ``v = b2 v + (1-b2) g^2``,
+    update ``lr * (m_hat / (sqrt(v_hat) + eps) + wd * w)``. Moments rounded with ``cast_state``."""
+
+    def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, cast_state: Cast = _identity) -> None:
+        b1, b2 = betas
+        if not lr >= 0 or not 0 <= b1 < 1 or not 0 <= b2 < 1 or not eps >= 0 or not weight_decay >= 0:
+            raise ValueError(f"AdamW needs lr >= 0, 0 <= betas < 1, eps >= 0, weight_decay >= 0; got lr={lr}, "
+                             f"betas={betas}, eps={eps}, weight_decay={weight_decay}")
+        self.lr, self.b1, self.b2, self.eps, self.weight_decay = float(lr), float(b1), float(b2), float(eps), \
+            float(weight_decay)
+        self.cast_state = cast_state
+        self.state: dict[str, np.ndarray] = {}
+        self.t = 0
+
+    def updates(self, weights: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray],
+                lr: float | None = None) -> dict[str, np.ndarray]:
+        self.t += 1
+        lr32 = _F32(self.lr if lr is None else lr)
+        b1, b2 = _F32(self.b1), _F32(self.b2)
+        bc1 = _F32(1.0 - self.b1 ** self.t)
+        bc2 = _F32(1.0 - self.b2 ** self.t)
+        eps = _F32(self.eps)
+        out = {}
+        for k, g in grads.items():
+            g = g.astype(_F32, copy=False)
+            m = self.state.get(f"m.{k}")
+            v = self.state.get(f"v.{k}")
+            m = (_F32(1) - b1) * g if m is None else b1 * m + (_F32(1) - b1) * g
+            v = (_F32(1) - b2) * g * g if v is None else b2 * v + (_F32(1) - b2) * g * g
+            m, v = self.cast_state(m), self.cast_state(v)
+            self.state[f"m.{k}"], self.state[f"v.{k}"] = m, v
+            u = lr32 * ((m / bc1) / (np.sqrt(v / bc2) + eps))
+            if self.weight_decay:
+                u = u + lr32 * _F32(self.weight_decay) * weights[k]
+            out[k] = u.astype(_F32, copy=False)
+        return out
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        d = dict(self.state)
+        d["t"] = np.asarray(self.t)
+        return d
+
+    def load_state_dict(self, d: Mapping[str, np.ndarray]) -> None:
+        self.state = {k: np.asarray(v, _F32).copy() for k, v in d.items() if k != "t"}
+        self.t = int(d["t"])
+
+
+def make_optimizer(name: str, policy: Policy, runtime: Any, **kwargs: Any) -> SGD | AdamW:
+    """``"adamw"`` or ``"sgd"`` with its state kept in ``policy.optimizer_state``."""
+    fmt = policy.optimizer_state
+
+    def cast_state(x: np.ndarray) -> np.ndarray:
+        return np.asarray(runtime.cast(x, fmt))
+
+    if name == "adamw":
+        return AdamW(cast_state=cast_state, **kwargs)
+    if name == "sgd":
+        return SGD(cast_state=cast_state, **kwargs)
+    raise ValueError(f"unknown optimizer {name!r}; valid: adamw, sgd")
+
+
+class MasterWeights:
+    """The weights the optimizer updates, stored in ``policy.weights`` (FP32 master, or the params format).
+
+    The model computes with :attr:`weights` directly; the GEMMs round their weight operand to
+    ``policy.params`` (so with a master copy the low-precision copy is refreshed at every use, as
+    autocast does).
+    """
+
+    def __init__(self, params: Mapping[str, np.ndarray], policy: Policy, runtime: Any) -> None:
+        self.policy = policy
+        self.runtime = runtime
+        self.fmt = policy.weights
+        self.weights: dict[str, np.ndarray] = {k: runtime.cast(np.asarray(v, _F32), self.fmt)
+                                               for k, v in params.items()}
+
+    def apply(self, updates: Mapping[str, np.ndarray]) -> dict[str, float]:
+        """``w <- round(w - update)`` in the storage format; returns per tensor the fraction of nonzero
+        updates that left the weight unchanged (NaN where no update was nonzero). The totals over all
+        tensors are left in ``last_lost`` and ``last_nonzero``."""
+        lost: dict[str, float] = {}
+        self.last_lost = self.last_nonzero = 0
+        for k, u in updates.items():
+            w = self.weights[k]
+            new = self.runtime.cast(w - u, self.fmt)
+            want = u != 0
+            n = int(np.count_nonzero(want))
+            nl = int(np.count_nonzero(want & (new == w)))
+            lost[k] = nl / n if n else float("nan")
+            self.last_lost += nl
+            self.last_nonzero += n
+            self.weights[k] = new
+        return lost

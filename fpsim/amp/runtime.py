@@ -1,0 +1,340 @@
+"""The stateful side of a policy: the object the model calls for every cast (implements
+:class:`fpsim.nn.Precision`), with per-tensor FP8 scales, QAT observers and gradient telemetry.
+
+Casts are :func:`fpsim.round` calls on float32 carriers; a cast to FP32 of a float32 array is skipped
+(it is the identity). Gradient casts can record, per tensor ("site"), how many values were nonzero, how
+many underflowed to zero, became subnormal or overflowed, and the amax — see :attr:`PolicyRuntime.stats`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..formats import Format, as_format
+from ..quant import fake_quantize_with_mask
+from ..rounding import round as fround
+from .policy import Policy
+
+__all__ = ["HIST_HI", "HIST_LO", "PolicyRuntime", "log2_histogram"]
+
+_F32 = np.float32
+_FP32 = as_format("fp32")
+_EPS32 = _F32(np.finfo(np.float32).eps)
+
+#: log2-magnitude histograms use integer bins [HIST_LO, HIST_HI); bin i counts |x| in [2^(LO+i), 2^(LO+i+1)),
+#: values below 2^LO go to the first bin, above to the last; zeros are counted separately.
+HIST_LO, HIST_HI = -80, 20
+
+
+def log2_histogram(x: np.ndarray) -> tuple[np.ndarray, int]:
+    """(counts per integer binade in [HIST_LO, HIST_HI), number of exact zeros) of the finite values."""
+    a = np.abs(x[np.isfinite(x)]).ravel()
+    nz = a[a != 0]
+    _, e = np.frexp(nz)                                   # |x| = m 2^e, m in [0.5, 1): binade e - 1
+    b = np.clip(e.astype(np.int64) - 1 - HIST_LO, 0, HIST_HI - HIST_LO - 1)
+    return np.bincount(b, minlength=HIST_HI - HIST_LO), int(a.size - nz.size)
+
+
+class PolicyRuntime:
+    """A policy in action: casts, GEMMs, per-tensor state and telemetry.
+
+    Attributes
+    ----------
+    policy : Policy
+    recording : bool
+        When True, gradient casts add to :attr:`stats` (cleared by :meth:`begin_step`).
+    histograms : bool
+        When True (and recording), log2-magnitude histograms of the activation gradients entering each
+        GEMM (``"grad_act"``), of the weight gradients (``"grad_w"``) and of activations (``"act"``) are
+        accumulated in :attr:`hists`.
+    stats : dict
+        site -> float64 array ``[total, nonzero, underflow, subnormal, overflow, amax]`` for this step.
+    training : bool
+        QAT observers update only while training (or calibrating).
+    quant_active : bool
+        Fake quantization on (always for QAT; for PTQ only after calibration).
+    """
+
+    def __init__(self, policy: Policy, seed: int = 0) -> None:
+        self.policy = policy
+        self.recording = False
+        self.histograms = False
+        self.stats: dict[str, np.ndarray] = {}
+        self.hists: dict[str, np.ndarray] = {}
+        self.hist_zeros: dict[str, int] = {}
+        self.training = True
+        self.quant_active = policy.quant is not None and policy.quant.mode == "qat" and policy.quant.start == 0
+        self.rng = np.random.default_rng(seed) if policy.stochastic else None
+        self._fp8: dict[str, Any] = {}
+        self._obs: dict[str, np.ndarray] = {}
+        self._mma_model: Any = None
+
+    # ------------------------------------------------------------------ casts
+    def cast(self, x: np.ndarray, fmt: Format) -> np.ndarray:
+        """Round ``x`` (float32 carrier) into ``fmt`` with the policy's rounding mode."""
+        x = np.asarray(x)
+        if x.dtype != np.float32:
+            x = x.astype(np.float32)
+        if fmt == _FP32:
+            return x
+        if self.rng is not None:
+            return np.asarray(fround(x, fmt, "sr", rng=self.rng))
+        return np.asarray(fround(x, fmt, self.policy.rounding))
+
+    def _gcast(self, x: np.ndarray, fmt: Format, site: str, hist: str | None = None) -> np.ndarray:
+        """A gradient cast that records telemetry."""
+        r = self.cast(x, fmt)
+        if self.recording:
+            self._record(site, x, r, fmt)
+            if self.histograms and hist is not None:
+                self._hist(hist, x)
+        return r
+
+    def _record(self, site: str, x: np.ndarray, r: np.ndarray, fmt: Format) -> None:
+        nzx = x != 0
+        nz = int(np.count_nonzero(nzx))
+        zr = r == 0
+        under = int(np.count_nonzero(nzx & zr))
+        ar = np.abs(r)
+        sub = int(np.count_nonzero(ar < fmt.min_normal)) - int(np.count_nonzero(zr))
+        with np.errstate(invalid="ignore"):
+            amax = float(np.max(np.abs(x))) if x.size else 0.0
+        over = 0
+        if not (amax <= fmt.max):  # something overflowed, saturated or was already non-finite
+            fin_x = np.isfinite(x)
+            over = int(np.count_nonzero(fin_x & (~np.isfinite(r) | ((ar == fmt.max) & (np.abs(x) > fmt.max)))))
+            ax = np.abs(x[fin_x])
+            amax = float(ax.max()) if ax.size else 0.0
+        row = np.array([x.size, nz, under, max(sub, 0), over, amax], dtype=np.float64)
+        old = self.stats.get(site)
+        if old is None:
+            self.stats[site] = row
+        else:
+            old[:5] += row[:5]
+            old[5] = max(old[5], amax)
+
+    def _hist(self, key: str, x: np.ndarray) -> None:
+        c, z = log2_histogram(x)
+        if key in self.hists:
+            self.hists[key] += c
+            self.hist_zeros[key] += z
+        else:
+            self.hists[key] = c
+            self.hist_zeros[key] = z
+
+    def begin_step(self, recording: bool = False, histograms: bool = False) -> None:
+        """Start a training step: clear the per-step telemetry."""
+        self.recording = recording
+        self.histograms = histograms and recording
+        self.stats = {}
+        self.hists = {}
+        self.hist_zeros = {}
+
+    def end_step(self) -> None:
+        """End of a training step: FP8 delayed scales take this step's amax (TE updates even on skipped steps)."""
+        for ds in self._fp8.values():
+            ds.update()
+
+    # ------------------------------------------------------------------ nn.Precision
+    def act(self, x: np.ndarray, site: str, op: str) -> np.ndarray:
+        if op in self.policy.fp32_ops:
+            return x
+        r = self.cast(x, self.policy.activations)
+        if self.recording and self.histograms and op != "cross_entropy":
+            self._hist("act", r)
+        return r
+
+    def grad(self, g: np.ndarray, site: str, op: str) -> np.ndarray:
+        if op in self.policy.fp32_ops:
+            return g
+        return self._gcast(g, self.policy.gradients, f"{site}.grad")
+
+    def _gemm(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        g = self.policy.gemm
+        if g == "fast":
+            return np.asarray(a @ b)
+        if g == "fast64":
+            return np.asarray(a.astype(np.float64) @ b.astype(np.float64))
+        return self._mma(a, b)
+
+    def _mma(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        from .. import mma  # L2: bit-exact block-FMA models, imported only when asked for
+
+        if self._mma_model is None:
+            self._mma_model = mma.get_model(self.policy.gemm, self.policy.activations, "fp32")
+        return np.asarray(mma.matmul(a, b, model=self._mma_model), dtype=np.float32)
+
+    def _fp8_state(self, key: str, fmt: Format) -> Any:
+        ds = self._fp8.get(key)
+        if ds is None:
+            from ..scaling import DelayedScaling
+
+            r = self.policy.fp8
+            assert r is not None
+            ds = DelayedScaling(fmt, margin=r.margin, amax_history_len=r.amax_history_len,
+                                amax_compute_algo=r.amax_compute_algo)
+            self._fp8[key] = ds
+        return ds
+
+    def _fp8_quant(self, x: np.ndarray, key: str, fmt: Format) -> tuple[np.ndarray, np.float32]:
+        ds = self._fp8_state(key, fmt)
+        inv = ds.scale_inv
+        q = np.asarray(ds.quantize(x, rounding=self.policy.rounding if self.rng is None else "sr", rng=self.rng))
+        return q.astype(np.float32, copy=False), inv
+
+    def matmul(self, a: np.ndarray, b: np.ndarray, site: str, kind: str,
+               bias: np.ndarray | None = None) -> tuple[np.ndarray, Any]:
+        pol = self.policy
+        weight = kind in ("linear", "lm_head")
+        if pol.fp8 is not None and kind in pol.fp8.kinds:
+            aq, ainv = self._fp8_quant(a, f"{site}.x", pol.fp8.forward)
+            bq, binv = self._fp8_quant(b, f"{site}.w", pol.fp8.forward)
+            out = self._gemm(aq, bq) * (ainv * binv)            # dequantize in the GEMM epilogue
+            if bias is not None:
+                out = out + self.cast(bias, pol.params)
+            out = self.cast(out, pol.activations)
+            return out, ("fp8", aq, bq, ainv, binv, site, bias is not None)
+        if pol.quant is not None and kind in pol.quant.kinds and (self.quant_active or self._calibrating):
+            return self._quant_matmul(a, b, site, bias)
+        ac = self.cast(a, pol.activations)
+        bc = self.cast(b, pol.params if weight else pol.activations)
+        out = self._gemm(ac, bc)
+        if bias is not None:
+            out = out + self.cast(bias, pol.params)
+        out = self.cast(out, pol.activations)
+        return out, ("std", ac, bc, site, bias is not None)
+
+    def matmul_backward(self, dout: np.ndarray, cache: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        pol = self.policy
+        gf = pol.gradients
+        tag = cache[0]
+        if tag == "std":
+            _, ac, bc, site, has_bias = cache
+            d = self._gcast(dout, gf, f"{site}.dy", hist="grad_act")
+            da = self._gcast(d @ np.swapaxes(bc, -1, -2), gf, f"{site}.dx")
+            db = self._wgrad(ac, d, gf, site)
+            dbias = self._gcast(d.reshape(-1, d.shape[-1]).sum(axis=0), gf, f"{site}.db") if has_bias else None
+            return da, db, dbias
+        if tag == "fp8":
+            _, aq, bq, ainv, binv, site, has_bias = cache
+            assert pol.fp8 is not None
+            d = self.cast(dout, gf)
+            ds = self._fp8_state(f"{site}.dy", pol.fp8.backward)
+            dinv = ds.scale_inv
+            scale = ds.scale
+            dq = np.asarray(ds.quantize(d, rounding=self.policy.rounding if self.rng is None else "sr",
+                                        rng=self.rng)).astype(np.float32, copy=False)
+            if self.recording:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    self._record(f"{site}.dy", (d * scale).astype(np.float32), dq, pol.fp8.backward)
+                if self.histograms:
+                    self._hist("grad_act", d)
+            da = self._gcast(self._gemm(dq, bq.T) * (dinv * binv), gf, f"{site}.dx")
+            a2 = aq.reshape(-1, aq.shape[-1])
+            dw = self._gemm(a2.T, dq.reshape(-1, dq.shape[-1])) * (ainv * dinv)
+            db = self._gcast(dw, gf, f"{site}.dw", hist="grad_w")
+            dbias = self._gcast(d.reshape(-1, d.shape[-1]).sum(axis=0), gf, f"{site}.db") if has_bias else None
+            return da, db, dbias
+        if tag == "quant":
+            _, aq, amask, wq, wmask, site, has_bias = cache
+            d = self._gcast(dout, gf, f"{site}.dy", hist="grad_act")
+            da = self._gcast((d @ wq.T) * amask, gf, f"{site}.dx")
+            a2 = aq.reshape(-1, aq.shape[-1])
+            dw = self._gcast((a2.T @ d.reshape(-1, d.shape[-1])) * wmask, gf, f"{site}.dw", hist="grad_w")
+            dbias = self._gcast(d.reshape(-1, d.shape[-1]).sum(axis=0), gf, f"{site}.db") if has_bias else None
+            return da, dw, dbias
+        raise ValueError(f"unknown matmul cache tag {tag!r}")
+
+    def _wgrad(self, ac: np.ndarray, d: np.ndarray, gf: Format, site: str) -> np.ndarray:
+        if ac.ndim == 2 or d.ndim == 2:
+            a2 = ac.reshape(-1, ac.shape[-1])
+            raw = self._gemm(a2.T, d.reshape(-1, d.shape[-1]))               # (K, N)
+        else:
+            raw = self._gemm(np.swapaxes(ac, -1, -2), d)                     # (..., K, N)
+        return self._gcast(raw, gf, f"{site}.dw", hist="grad_w" if ac.ndim == 2 else None)
+
+    # ------------------------------------------------------------------ QAT / PTQ
+    _calibrating = False
+
+    def calibrate(self, on: bool) -> None:
+        """PTQ: observe activation ranges (``on=True``) without quantizing; then freeze them."""
+        self._calibrating = bool(on)
+        self.training = bool(on)
+
+    def _observe(self, site: str, a: np.ndarray) -> np.ndarray:
+        q = self.policy.quant
+        assert q is not None
+        mn, mx = _F32(a.min()), _F32(a.max())
+        old = self._obs.get(site)
+        if old is None:
+            cur = np.array([mn, mx], dtype=_F32)
+        elif self.training:
+            c = _F32(q.averaging_constant)
+            cur = np.array([old[0] + c * (mn - old[0]), old[1] + c * (mx - old[1])], dtype=_F32)
+        else:
+            cur = old
+        self._obs[site] = cur
+        return cur
+
+    def _quant_matmul(self, a: np.ndarray, b: np.ndarray, site: str,
+                      bias: np.ndarray | None) -> tuple[np.ndarray, Any]:
+        q = self.policy.quant
+        assert q is not None
+        a = self.cast(a, self.policy.activations)
+        if self.training or site not in self._obs:
+            mn, mx = self._observe(site, a)
+        else:
+            mn, mx = self._obs[site]
+        if self._calibrating and not self.quant_active:
+            out = self._gemm(a, b) + (bias if bias is not None else 0)
+            return self.cast(out, self.policy.activations), ("std", a, b, site, bias is not None)
+        amin, amax_ = q.act_range
+        mn0, mx0 = min(mn, _F32(0)), max(mx, _F32(0))
+        s_a = max(_F32((mx0 - mn0) / _F32(amax_ - amin)), _EPS32)
+        zp_a = np.clip(amin - np.rint(mn0 / s_a), amin, amax_).astype(_F32)
+        aq, amask = fake_quantize_with_mask(a, s_a, int(zp_a), amin, amax_)
+        wmin, wmax = q.weight_range
+        wabs = np.abs(b).max(axis=0)                                          # per output channel (Cout,)
+        if not q.per_channel:
+            wabs = np.full_like(wabs, wabs.max())                             # one scale for the tensor
+        s_w = np.maximum((wabs / _F32((wmax - wmin) / 2)).astype(_F32), _EPS32)
+        wq, wmask = fake_quantize_with_mask(b, s_w, np.zeros(b.shape[1], np.int64), wmin, wmax, axis=1)
+        out = self._gemm(aq, wq)
+        if bias is not None:
+            out = out + bias
+        out = self.cast(out, self.policy.activations)
+        return out, ("quant", aq, amask, wq, wmask, site, bias is not None)
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Arrays to checkpoint: FP8 scales/histories, QAT observers, the SR generator state."""
+        out: dict[str, np.ndarray] = {}
+        for k, ds in self._fp8.items():
+            out[f"fp8.{k}.scale"] = np.asarray(ds.scale, _F32)
+            out[f"fp8.{k}.hist"] = np.asarray(ds.amax_history, _F32)
+            out[f"fp8.{k}.fmt"] = np.asarray(ds.fmt.name)
+        for k, v in self._obs.items():
+            out[f"obs.{k}"] = v.copy()
+        if self.rng is not None:
+            import json
+
+            out["rng"] = np.asarray(json.dumps(self.rng.bit_generator.state))
+        return out
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        self._fp8 = {}
+        self._obs = {}
+        for k, v in state.items():
+            if k.startswith("fp8.") and k.endswith(".scale"):
+                key = k[4:-6]
+                ds = self._fp8_state(key, as_format(str(state[f"fp8.{key}.fmt"])))
+                ds.scale = _F32(v)
+                ds.amax_history = np.asarray(state[f"fp8.{key}.hist"], _F32).copy()
+            elif k.startswith("obs."):
+                self._obs[k[4:]] = np.asarray(v, _F32).copy()
+        if "rng" in state and self.rng is not None:
+            import json
+
+            self.rng.bit_generator.state = json.loads(str(state["rng"]))

@@ -1,0 +1,75 @@
+"""Causal multi-head self-attention as an explicit forward/backward pair.
+
+The sequence of operations (and so of precision decisions) follows nanoGPT's non-flash path::
+
+    qkv = x @ W_qkv + b_qkv                 GEMM ("linear")
+    s   = (q @ k^T) * 1/sqrt(hd)            GEMM ("attn"), then an elementwise scale ("scale")
+    p   = softmax(masked s)                 "softmax" (autocast keeps it in FP32)
+    y   = p @ v                             GEMM ("attn")
+    out = merge_heads(y) @ W_proj + b_proj  GEMM ("linear")
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .layers import linear_backward, linear_forward, softmax_backward, softmax_forward
+from .precision import FULL, Precision
+
+__all__ = ["attention_backward", "attention_forward"]
+
+
+def attention_forward(x: np.ndarray, w_qkv: np.ndarray, b_qkv: np.ndarray | None, w_proj: np.ndarray,
+                      b_proj: np.ndarray | None, n_head: int, *, prec: Precision = FULL,
+                      site: str = "attn") -> tuple[np.ndarray, Any]:
+    """Causal self-attention. x (B, T, C), w_qkv (C, 3C), w_proj (C, C) -> out (B, T, C).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> x = rng.standard_normal((2, 5, 8))
+    >>> out, cache = attention_forward(x, rng.standard_normal((8, 24)), None, rng.standard_normal((8, 8)), None, 2)
+    >>> out.shape
+    (2, 5, 8)
+    """
+    B, T, C = x.shape
+    if C % n_head:
+        raise ValueError(f"n_embd={C} is not divisible by n_head={n_head}")
+    hd = C // n_head
+    qkv, c_qkv = linear_forward(x, w_qkv, b_qkv, prec=prec, site=f"{site}.qkv")        # (B, T, 3C)
+    qkv = qkv.reshape(B, T, 3, n_head, hd).transpose(2, 0, 3, 1, 4)                  # (3, B, nh, T, hd)
+    q, k, v = qkv[0], qkv[1], qkv[2]                                                 # each (B, nh, T, hd)
+    kt = np.ascontiguousarray(k.transpose(0, 1, 3, 2))                               # (B, nh, hd, T)
+    s, c_qk = prec.matmul(np.ascontiguousarray(q), kt, f"{site}.qk", "attn")         # (B, nh, T, T)
+    scale = np.asarray(1.0 / np.sqrt(hd), dtype=x.dtype)
+    s = prec.act(s * scale, f"{site}.scores", "scale")
+    mask = np.tril(np.ones((T, T), dtype=bool))                                     # causal: j <= i
+    s = np.where(mask, s, np.asarray(-np.inf, dtype=s.dtype))
+    p, c_sm = softmax_forward(s)
+    p = prec.act(p, f"{site}.softmax", "softmax")
+    y, c_pv = prec.matmul(p, np.ascontiguousarray(v), f"{site}.pv", "attn")          # (B, nh, T, hd)
+    y = y.transpose(0, 2, 1, 3).reshape(B, T, C)                                     # (B, T, C)
+    out, c_proj = linear_forward(y, w_proj, b_proj, prec=prec, site=f"{site}.proj")  # (B, T, C)
+    cache = (c_qkv, c_qk, c_sm, c_pv, c_proj, mask, scale, (B, T, C, n_head, hd), prec, site)
+    return out, cache
+
+
+def attention_backward(dout: np.ndarray, cache: Any) -> dict[str, Any]:
+    """Gradients: ``{"x", "w_qkv", "b_qkv", "w_proj", "b_proj"}`` from dout (B, T, C)."""
+    c_qkv, c_qk, c_sm, c_pv, c_proj, mask, scale, (B, T, C, nh, hd), prec, site = cache
+    dy, dw_proj, db_proj = linear_backward(dout, c_proj)                             # dy (B, T, C)
+    dy = np.ascontiguousarray(dy.reshape(B, T, nh, hd).transpose(0, 2, 1, 3))       # (B, nh, T, hd)
+    dp, dv, _ = prec.matmul_backward(dy, c_pv)                                       # (B,nh,T,T), (B,nh,T,hd)
+    dp = prec.grad(dp, f"{site}.softmax", "softmax")
+    ds = softmax_backward(dp, c_sm)                                                  # (B, nh, T, T)
+    ds = np.where(mask, ds, np.zeros((), dtype=ds.dtype))
+    ds = prec.grad(ds, f"{site}.scores", "scale")
+    dq, dkt, _ = prec.matmul_backward(ds * scale, c_qk)                              # (B,nh,T,hd), (B,nh,hd,T)
+    dk = dkt.transpose(0, 1, 3, 2)
+    dqkv = np.stack([dq, dk, dv])                                                    # (3, B, nh, T, hd)
+    dqkv = dqkv.transpose(1, 3, 0, 2, 4).reshape(B, T, 3 * C)                        # (B, T, 3C)
+    dx, dw_qkv, db_qkv = linear_backward(dqkv, c_qkv)
+    return {"x": dx, "w_qkv": dw_qkv, "b_qkv": db_qkv, "w_proj": dw_proj, "b_proj": db_proj}

@@ -1,0 +1,222 @@
+"""A small GPT (pre-LayerNorm, GELU MLP, causal attention, tied embeddings) built from the layers.
+
+Parameters live in a plain ordered ``dict[str, numpy.ndarray]``; :func:`gpt_forward` returns the logits,
+the loss and a cache, :func:`gpt_backward` the gradients as a dict with the same keys.
+
+>>> import numpy as np
+>>> from fpsim.nn import GPTConfig, init_params, gpt_forward, gpt_backward
+>>> cfg = GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=16)
+>>> params = init_params(cfg, seed=0)
+>>> idx = np.zeros((2, 8), dtype=np.int64)
+>>> logits, loss, cache = gpt_forward(params, cfg, idx, idx)
+>>> logits.shape, round(float(loss), 2)
+((2, 8, 11), 2.25)
+>>> sorted(gpt_backward(1.0, cache)) == sorted(params)
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from .attention import attention_backward, attention_forward
+from .layers import (
+    cross_entropy_backward,
+    cross_entropy_forward,
+    embedding_backward,
+    embedding_forward,
+    gelu_backward,
+    gelu_forward,
+    layernorm_backward,
+    layernorm_forward,
+    linear_backward,
+    linear_forward,
+)
+from .precision import FULL, Precision
+
+__all__ = ["GPTConfig", "activation_elements", "count_params", "gpt_backward", "gpt_forward", "init_params"]
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Shape of the model.
+
+    ``vocab_size`` V, ``block_size`` (context length) T, ``n_layer`` blocks, ``n_head`` heads, ``n_embd``
+    width C (divisible by ``n_head``). ``tie_weights``: the output projection is ``wte.T`` (GPT-2).
+    ``init_std``: standard deviation of the normal initialisation (residual projections are further
+    divided by sqrt(2 n_layer), as in GPT-2).
+    """
+
+    vocab_size: int = 16
+    block_size: int = 32
+    n_layer: int = 2
+    n_head: int = 4
+    n_embd: int = 64
+    tie_weights: bool = True
+    bias: bool = True
+    init_std: float = 0.02
+    ln_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        for f in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"GPTConfig.{f} must be a positive int, got {v!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"GPTConfig.n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+        if not self.init_std > 0:
+            raise ValueError(f"GPTConfig.init_std must be > 0, got {self.init_std!r}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def init_params(cfg: GPTConfig, seed: int = 0, dtype: Any = np.float32) -> dict[str, np.ndarray]:
+    """GPT-2 style initial parameters (normal(0, init_std), zero biases, unit LayerNorm gains)."""
+    rng = np.random.default_rng(seed)
+    C, V, T, L = cfg.n_embd, cfg.vocab_size, cfg.block_size, cfg.n_layer
+    std = cfg.init_std
+    proj_std = std / np.sqrt(2 * L)
+
+    def normal(shape: tuple[int, ...], s: float) -> np.ndarray:
+        return (rng.standard_normal(shape) * s).astype(dtype)
+
+    p: dict[str, np.ndarray] = {"wte": normal((V, C), std), "wpe": normal((T, C), std)}
+    for i in range(L):
+        h = f"h{i}"
+        p[f"{h}.ln1.g"] = np.ones(C, dtype)
+        p[f"{h}.ln1.b"] = np.zeros(C, dtype)
+        p[f"{h}.attn.qkv.w"] = normal((C, 3 * C), std)
+        p[f"{h}.attn.proj.w"] = normal((C, C), proj_std)
+        p[f"{h}.ln2.g"] = np.ones(C, dtype)
+        p[f"{h}.ln2.b"] = np.zeros(C, dtype)
+        p[f"{h}.mlp.fc.w"] = normal((C, 4 * C), std)
+        p[f"{h}.mlp.proj.w"] = normal((4 * C, C), proj_std)
+        if cfg.bias:
+            p[f"{h}.attn.qkv.b"] = np.zeros(3 * C, dtype)
+            p[f"{h}.attn.proj.b"] = np.zeros(C, dtype)
+            p[f"{h}.mlp.fc.b"] = np.zeros(4 * C, dtype)
+            p[f"{h}.mlp.proj.b"] = np.zeros(C, dtype)
+    p["lnf.g"] = np.ones(C, dtype)
+    p["lnf.b"] = np.zeros(C, dtype)
+    if not cfg.tie_weights:
+        p["lm_head.w"] = normal((C, V), std)
+    return p
+
+
+def count_params(params: dict[str, np.ndarray]) -> int:
+    """Number of scalar parameters (tied weights counted once)."""
+    return int(sum(v.size for v in params.values()))
+
+
+def activation_elements(cfg: GPTConfig, T: int | None = None) -> int:
+    """Activation elements the backward pass keeps per token (per sequence position), for the ledger.
+
+    Counts the tensors cached for backward: per block two LayerNorm outputs (C each), qkv (3C), attention
+    scores and probabilities (2 n_head T, averaged over causal positions: n_head T), attention output (C),
+    MLP hidden before and after GELU (8C); plus the final LayerNorm output (C) and the logits (V).
+    """
+    T = cfg.block_size if T is None else T
+    C, H = cfg.n_embd, cfg.n_head
+    per_block = 2 * C + 3 * C + 2 * H * T + C + 8 * C
+    return cfg.n_layer * per_block + C + cfg.vocab_size
+
+
+def _get(p: dict[str, np.ndarray], k: str) -> np.ndarray | None:
+    return p.get(k)
+
+
+def gpt_forward(params: dict[str, np.ndarray], cfg: GPTConfig, idx: np.ndarray, targets: np.ndarray | None = None,
+                *, prec: Precision = FULL, ignore_index: int = -1,
+                loss_normalizer: int | None = None) -> tuple[np.ndarray, np.ndarray | None, Any]:
+    """Logits (B, T, V), the cross-entropy over non-ignored targets (or None), and the cache.
+
+    idx, targets (B, T) ints; T <= block_size. The loss is the mean over the non-ignored targets, or
+    their sum divided by ``loss_normalizer`` (see :func:`~fpsim.nn.layers.cross_entropy_forward`).
+    """
+    idx = np.asarray(idx)
+    if idx.ndim != 2:
+        raise ValueError(f"idx must be (B, T), got shape {idx.shape}")
+    T = idx.shape[1]
+    if T > cfg.block_size:
+        raise ValueError(f"sequence length {T} exceeds block_size {cfg.block_size}")
+    caches: dict[str, Any] = {}
+    tok, caches["wte"] = embedding_forward(idx, params["wte"])                     # (B, T, C)
+    pos = params["wpe"][:T]                                                        # (T, C)
+    x = prec.act(tok + pos, "emb", "embedding")                                    # (B, T, C)
+    for i in range(cfg.n_layer):
+        h = f"h{i}"
+        a, caches[f"{h}.ln1"] = layernorm_forward(x, params[f"{h}.ln1.g"], params[f"{h}.ln1.b"], cfg.ln_eps)
+        a = prec.act(a, f"{h}.ln1", "layernorm")
+        a, caches[f"{h}.attn"] = attention_forward(
+            a, params[f"{h}.attn.qkv.w"], _get(params, f"{h}.attn.qkv.b"), params[f"{h}.attn.proj.w"],
+            _get(params, f"{h}.attn.proj.b"), cfg.n_head, prec=prec, site=f"{h}.attn")
+        x = prec.act(x + a, f"{h}.res1", "residual")
+        m, caches[f"{h}.ln2"] = layernorm_forward(x, params[f"{h}.ln2.g"], params[f"{h}.ln2.b"], cfg.ln_eps)
+        m = prec.act(m, f"{h}.ln2", "layernorm")
+        m, caches[f"{h}.fc"] = linear_forward(m, params[f"{h}.mlp.fc.w"], _get(params, f"{h}.mlp.fc.b"),
+                                              prec=prec, site=f"{h}.mlp.fc")     # (B, T, 4C)
+        m, caches[f"{h}.gelu"] = gelu_forward(m)
+        m = prec.act(m, f"{h}.gelu", "gelu")
+        m, caches[f"{h}.proj"] = linear_forward(m, params[f"{h}.mlp.proj.w"], _get(params, f"{h}.mlp.proj.b"),
+                                                prec=prec, site=f"{h}.mlp.proj")  # (B, T, C)
+        x = prec.act(x + m, f"{h}.res2", "residual")
+    x, caches["lnf"] = layernorm_forward(x, params["lnf.g"], params["lnf.b"], cfg.ln_eps)
+    x = prec.act(x, "lnf", "layernorm")
+    w_out = params["wte"].T if cfg.tie_weights else params["lm_head.w"]            # (C, V)
+    logits, caches["lm_head"] = linear_forward(x, w_out, None, prec=prec, site="lm_head", kind="lm_head")
+    loss = None
+    if targets is not None:
+        loss, caches["ce"] = cross_entropy_forward(logits, np.asarray(targets), ignore_index,
+                                                  loss_normalizer)
+        loss = prec.act(loss, "loss", "cross_entropy")
+    cache = (caches, cfg, prec, T)
+    return logits, loss, cache
+
+
+def gpt_backward(dloss: float | np.ndarray, cache: Any) -> dict[str, np.ndarray]:
+    """Gradients of ``dloss * loss`` with respect to every parameter (``dloss`` = loss scale, or 1)."""
+    caches, cfg, prec, T = cache
+    if "ce" not in caches:
+        raise ValueError("gpt_backward needs a forward pass that was given targets")
+    g: dict[str, np.ndarray] = {}
+    dlogits = cross_entropy_backward(dloss, caches["ce"])                          # (B, T, V)
+    dlogits = prec.grad(dlogits, "logits", "cross_entropy")
+    dx, dw_out, _ = linear_backward(dlogits, caches["lm_head"])                    # (B, T, C), (C, V)
+    dx = prec.grad(dx, "lnf", "layernorm")
+    dx, g["lnf.g"], g["lnf.b"] = layernorm_backward(dx, caches["lnf"])
+    for i in reversed(range(cfg.n_layer)):
+        h = f"h{i}"
+        dx = prec.grad(dx, f"{h}.res2", "residual")
+        dm, g[f"{h}.mlp.proj.w"], db = linear_backward(dx, caches[f"{h}.proj"])
+        if db is not None:
+            g[f"{h}.mlp.proj.b"] = db
+        dm = prec.grad(dm, f"{h}.gelu", "gelu")
+        dm = gelu_backward(dm, caches[f"{h}.gelu"])
+        dm, g[f"{h}.mlp.fc.w"], db = linear_backward(dm, caches[f"{h}.fc"])
+        if db is not None:
+            g[f"{h}.mlp.fc.b"] = db
+        dm = prec.grad(dm, f"{h}.ln2", "layernorm")
+        dm, g[f"{h}.ln2.g"], g[f"{h}.ln2.b"] = layernorm_backward(dm, caches[f"{h}.ln2"])
+        dx = dx + dm
+        dx = prec.grad(dx, f"{h}.res1", "residual")
+        ga = attention_backward(dx, caches[f"{h}.attn"])
+        g[f"{h}.attn.qkv.w"], g[f"{h}.attn.proj.w"] = ga["w_qkv"], ga["w_proj"]
+        if ga["b_qkv"] is not None:
+            g[f"{h}.attn.qkv.b"], g[f"{h}.attn.proj.b"] = ga["b_qkv"], ga["b_proj"]
+        da = prec.grad(ga["x"], f"{h}.ln1", "layernorm")
+        da, g[f"{h}.ln1.g"], g[f"{h}.ln1.b"] = layernorm_backward(da, caches[f"{h}.ln1"])
+        dx = dx + da
+    dx = prec.grad(dx, "emb", "embedding")
+    dwte = embedding_backward(dx, caches["wte"])                                   # (V, C)
+    dwpe = np.zeros((cfg.block_size, dx.shape[-1]), dtype=dx.dtype)
+    dwpe[:T] = dx.sum(axis=0)                                                      # (T, C)
+    if cfg.tie_weights:
+        dwte = dwte + dw_out.T
+    else:
+        g["lm_head.w"] = dw_out
+    g["wte"], g["wpe"] = dwte, dwpe
+    return g

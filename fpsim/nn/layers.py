@@ -1,0 +1,191 @@
+"""Layers as explicit forward/backward pairs (llm.c / micrograd style).
+
+Each ``x_forward(...)`` returns ``(out, cache)`` and the matching ``x_backward(dout, cache)`` returns the
+gradients. Shapes: ``B`` batch, ``T`` time, ``C`` channels, ``V`` vocabulary, ``N`` = B*T rows.
+Arithmetic is plain NumPy in the carrier dtype of the inputs (float32 in training, float64 in gradient
+checks); the optional ``prec`` argument (see :mod:`fpsim.nn.precision`) is where a policy rounds.
+
+>>> import numpy as np
+>>> from fpsim.nn import layers
+>>> x = np.array([[1.0, 2.0, 3.0]])
+>>> out, cache = layers.layernorm_forward(x, np.ones(3), np.zeros(3))
+>>> np.round(out, 4)
+array([[-1.2247,  0.    ,  1.2247]])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .precision import FULL, Precision
+
+__all__ = [
+    "cross_entropy_backward",
+    "cross_entropy_forward",
+    "embedding_backward",
+    "embedding_forward",
+    "gelu_backward",
+    "gelu_forward",
+    "layernorm_backward",
+    "layernorm_forward",
+    "linear_backward",
+    "linear_forward",
+    "residual_backward",
+    "residual_forward",
+    "softmax_backward",
+    "softmax_forward",
+]
+
+Cache = Any
+
+
+# ---------------------------------------------------------------------------------------------- embedding
+
+def embedding_forward(idx: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, Cache]:
+    """Look up rows of ``w``. idx (B, T) int, w (V, C) -> out (B, T, C)."""
+    out = w[idx]                                                  # (B, T, C)
+    return out, (idx, w.shape)
+
+
+def embedding_backward(dout: np.ndarray, cache: Cache) -> np.ndarray:
+    """dW (V, C): rows of ``dout`` (B, T, C) summed into the rows they were read from."""
+    idx, wshape = cache
+    dw = np.zeros(wshape, dtype=dout.dtype)
+    np.add.at(dw, idx.reshape(-1), dout.reshape(-1, wshape[1]))   # (N, C) scattered into (V, C)
+    return dw
+
+
+# ---------------------------------------------------------------------------------------------- linear
+
+def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, *, prec: Precision = FULL,
+                   site: str = "linear", kind: str = "linear") -> tuple[np.ndarray, Cache]:
+    """``x @ w + b``. x (..., Cin), w (Cin, Cout), b (Cout,) -> out (..., Cout)."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])                                 # (N, Cin)
+    out, mcache = prec.matmul(x2, w, site, kind, bias=b)          # (N, Cout)
+    return out.reshape(*shape[:-1], w.shape[1]), (mcache, shape, prec)
+
+
+def linear_backward(dout: np.ndarray, cache: Cache) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(dx (..., Cin), dw (Cin, Cout), db (Cout,) or None)."""
+    mcache, shape, prec = cache
+    d2 = dout.reshape(-1, dout.shape[-1])                         # (N, Cout)
+    dx, dw, db = prec.matmul_backward(d2, mcache)
+    return dx.reshape(shape), dw, db
+
+
+# ---------------------------------------------------------------------------------------------- layernorm
+
+def layernorm_forward(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float = 1e-5) -> tuple[np.ndarray, Cache]:
+    """Normalize over the last axis, then scale and shift. x (..., C) -> out (..., C)."""
+    mean = x.mean(axis=-1, keepdims=True)                         # (..., 1)
+    xc = x - mean
+    var = (xc * xc).mean(axis=-1, keepdims=True)                  # biased variance, as torch
+    rstd = 1.0 / np.sqrt(var + np.asarray(eps, dtype=x.dtype))    # (..., 1)
+    xhat = xc * rstd
+    out = xhat * g + b
+    return out, (xhat, rstd, g)
+
+
+def layernorm_backward(dout: np.ndarray, cache: Cache) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dx (..., C), dg (C,), db (C,))."""
+    xhat, rstd, g = cache
+    C = xhat.shape[-1]
+    d2 = dout.reshape(-1, C)
+    dg = (d2 * xhat.reshape(-1, C)).sum(axis=0)                   # (C,)
+    db = d2.sum(axis=0)                                           # (C,)
+    dxhat = dout * g
+    dx = rstd * (dxhat - dxhat.mean(axis=-1, keepdims=True)
+                 - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
+    return dx, dg, db
+
+
+# ---------------------------------------------------------------------------------------------- GELU
+
+_GELU_C = float(np.sqrt(2.0 / np.pi))
+
+
+def gelu_forward(x: np.ndarray) -> tuple[np.ndarray, Cache]:
+    """GELU, tanh approximation (GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    u = _GELU_C * (x + 0.044715 * (x * x * x))  # x*x*x: NumPy's float32 power is ~500x slower
+    t = np.tanh(u)
+    return 0.5 * x * (1.0 + t), (x, t)
+
+
+def gelu_backward(dout: np.ndarray, cache: Cache) -> np.ndarray:
+    x, t = cache
+    du_dx = _GELU_C * (1.0 + 3 * 0.044715 * x * x)
+    local = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du_dx
+    return np.asarray(dout * local)
+
+
+# ---------------------------------------------------------------------------------------------- softmax
+
+def softmax_forward(x: np.ndarray) -> tuple[np.ndarray, Cache]:
+    """Softmax over the last axis (``-inf`` entries get probability 0). x (..., K) -> y (..., K)."""
+    m = x.max(axis=-1, keepdims=True)
+    e = np.exp(x - m)
+    y = e / e.sum(axis=-1, keepdims=True)
+    return y, y
+
+
+def softmax_backward(dout: np.ndarray, cache: Cache) -> np.ndarray:
+    """dx = y * (dy - sum(dy * y))."""
+    y = cache
+    return np.asarray(y * (dout - (dout * y).sum(axis=-1, keepdims=True)))
+
+
+# ---------------------------------------------------------------------------------------------- residual
+
+def residual_forward(x: np.ndarray, fx: np.ndarray) -> tuple[np.ndarray, Cache]:
+    """``x + f(x)``: the residual stream. Both (..., C)."""
+    return x + fx, None
+
+
+def residual_backward(dout: np.ndarray, cache: Cache) -> tuple[np.ndarray, np.ndarray]:
+    """The gradient flows unchanged into both branches."""
+    return dout, dout
+
+
+# ---------------------------------------------------------------------------------------------- cross-entropy
+
+def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index: int = -1,
+                          normalizer: int | None = None) -> tuple[np.ndarray, Cache]:
+    """Cross-entropy summed over the targets that are not ``ignore_index``, divided by ``normalizer``
+    (default: their number, i.e. the mean).
+
+    A larger ``normalizer`` is the loss of one micro-batch of a bigger batch (gradient accumulation or
+    data parallelism divide every micro-batch's sum by the global token count).
+
+    logits (B, T, V), targets (B, T) int -> scalar loss (0-d array, logits' dtype).
+    """
+    V = logits.shape[-1]
+    z = logits.reshape(-1, V)                                     # (N, V)
+    t = targets.reshape(-1)                                       # (N,)
+    valid = t != ignore_index
+    n = max(int(valid.sum()), 1) if normalizer is None else int(normalizer)
+    if n < 1:
+        raise ValueError(f"normalizer must be a positive int, got {normalizer!r}")
+    m = z.max(axis=-1, keepdims=True)
+    e = np.exp(z - m)
+    s = e.sum(axis=-1, keepdims=True)
+    logp = z - m - np.log(s)                                      # (N, V)
+    tt = np.where(valid, t, 0)
+    nll = -logp[np.arange(z.shape[0]), tt]                        # (N,)
+    loss = (nll * valid).sum() / n
+    probs = e / s
+    return np.asarray(loss, dtype=logits.dtype), (probs, tt, valid, n, logits.shape)
+
+
+def cross_entropy_backward(dloss: float | np.ndarray, cache: Cache) -> np.ndarray:
+    """dlogits (B, T, V) = dloss * (softmax - onehot) / normalizer on the valid rows, 0 elsewhere.
+
+    ``dloss`` is 1 for the plain loss, or the loss scale S when the loss was scaled.
+    """
+    probs, tt, valid, n, shape = cache
+    d = np.array(probs)
+    d[np.arange(d.shape[0]), tt] -= 1.0
+    d *= (np.asarray(dloss, dtype=d.dtype) / np.asarray(n, dtype=d.dtype)) * valid[:, None].astype(d.dtype)
+    return np.asarray(d.reshape(shape))

@@ -1,0 +1,437 @@
+"""The training loop: one policy, one model, one task; telemetry every step; checkpoints.
+
+>>> from fpsim.train import TrainConfig, Trainer
+>>> from fpsim.nn import GPTConfig
+>>> cfg = TrainConfig(task="reverse", task_kwargs={"n_symbols": 5, "length": 3}, steps=3, batch_size=4,
+...                   model=GPTConfig(vocab_size=6, block_size=6, n_layer=1, n_head=2, n_embd=8))
+>>> tr = Trainer("fp16-mixed", cfg)
+>>> h = tr.run()
+>>> len(h["loss"]), h["loss_scale"][0]
+(3, 65536.0)
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..amp import MasterWeights, Policy, get_policy, make_optimizer
+from ..amp.runtime import HIST_HI, HIST_LO
+from ..nn import GPTConfig, gpt_backward, gpt_forward, init_params
+from .data import Task, get_task
+
+__all__ = ["History", "TrainConfig", "Trainer", "lr_at"]
+
+_EVAL_SEED = 987_654_321
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that defines a run besides the policy.
+
+    ``model`` must match the task (``vocab_size``, ``block_size >= seq_len``); :meth:`Trainer.__init__`
+    checks. Learning rate: linear warm-up for ``warmup`` steps, then cosine decay to ``lr * min_lr_frac``
+    at ``steps``. ``telemetry_every``: record per-tensor gradient statistics every k steps (0: never);
+    ``histogram_every``: also log2 histograms every k steps (0: never).
+
+    ``micro_batches``: each step's batch is treated as one of this many micro-batches of a global batch
+    (data parallelism or gradient accumulation): its summed loss is divided by the global number of
+    target tokens, ``micro_batches`` times this batch's count, as DDP-style training does, so the
+    gradients the backward pass produces (and casts) are that many times smaller: what makes FP16
+    gradients underflow in real large-batch training. After unscaling, the optimizer receives the
+    gradient multiplied back by ``micro_batches`` (the sum over the global batch, estimated from this
+    micro-batch). With a power of two this round trip is exact in FP32, so an FP32 run is bit-identical
+    to one with ``micro_batches=1``.
+    """
+
+    task: str = "reverse"
+    task_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    model: GPTConfig = field(default_factory=GPTConfig)
+    steps: int = 200
+    batch_size: int = 32
+    optimizer: str = "adamw"
+    lr: float = 3e-3
+    min_lr_frac: float = 0.1
+    warmup: int = 20
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    momentum: float = 0.9
+    seed: int = 0
+    eval_every: int = 50
+    eval_batches: int = 4
+    telemetry_every: int = 1
+    histogram_every: int = 0
+    micro_batches: int = 1
+
+    def __post_init__(self) -> None:
+        for f in ("steps", "batch_size", "eval_batches", "micro_batches"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"TrainConfig.{f} must be a positive int, got {v!r}")
+        for f in ("warmup", "eval_every", "telemetry_every", "histogram_every", "seed"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"TrainConfig.{f} must be an int >= 0, got {v!r}")
+        if self.optimizer not in ("adamw", "sgd"):
+            raise ValueError(f"TrainConfig.optimizer must be 'adamw' or 'sgd', got {self.optimizer!r}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"TrainConfig.lr must be a finite positive number, got {self.lr!r}")
+        object.__setattr__(self, "task_kwargs", dict(self.task_kwargs))
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["model"] = self.model.as_dict()
+        d["betas"] = list(self.betas)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TrainConfig:
+        d = dict(d)
+        d["model"] = GPTConfig(**d["model"])
+        d["betas"] = tuple(d["betas"])
+        return cls(**d)
+
+
+def lr_at(cfg: TrainConfig, step: int) -> float:
+    """Learning rate at 0-based ``step``: linear warm-up, then cosine to ``lr * min_lr_frac``."""
+    if cfg.warmup and step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    span = max(cfg.steps - cfg.warmup, 1)
+    t = min(max(step - cfg.warmup, 0) / span, 1.0)
+    lo = cfg.lr * cfg.min_lr_frac
+    return lo + 0.5 * (cfg.lr - lo) * (1.0 + math.cos(math.pi * t))
+
+
+# Per-step series of a History, in order (all lists of length = number of steps taken).
+SERIES = ("step", "loss", "loss_scale", "skipped", "lr", "grad_underflow_fraction", "grad_subnormal_fraction",
+          "grad_overflow", "grad_amax", "lost_update_fraction", "wall_s")
+
+
+class History:
+    """Telemetry of a run as a plain dict of lists (``history.data``; also ``history[key]``).
+
+    Per step (lists aligned with ``"step"``; NaN where telemetry was off that step):
+
+    ``step`` (0-based), ``loss`` (unscaled training loss), ``loss_scale`` (scale used this step),
+    ``skipped`` (bool: non-finite gradients, no update), ``lr``, ``grad_underflow_fraction`` (over all
+    gradient casts of the step: values that were nonzero and became 0, over the nonzero values),
+    ``grad_subnormal_fraction`` (results that are subnormal in the gradient format, over the nonzero
+    values), ``grad_overflow`` (count of values that became inf/NaN or saturated), ``grad_amax`` (largest
+    |gradient| seen, loss scale included), ``lost_update_fraction`` (nonzero weight updates that left the
+    stored weight unchanged, over all nonzero updates), ``wall_s`` (seconds since the run started).
+
+    Evaluation: ``eval_step``, ``eval_loss`` (mean loss over a fixed held-out set of batches).
+
+    Per tensor: ``tensors[site]`` is a dict of lists aligned with ``step`` with keys
+    ``underflow_fraction``, ``subnormal_fraction``, ``overflow``, ``amax``. Sites are
+    ``"<gemm site>.dy"`` (gradient entering a GEMM's backward, i.e. an activation gradient),
+    ``".dx"`` (its result), ``".dw"`` (weight gradient), ``".db"`` (bias gradient), ``"<op site>.grad"``.
+    Per weight: ``by_weight[name]`` lists the lost-update fraction of each parameter tensor.
+
+    Histograms (when requested): ``hist_step`` and ``hist[key]`` (key ``"grad_act"``, ``"grad_w"``,
+    ``"act"``) lists of count arrays over integer binades ``hist_lo .. hist_hi - 1`` (bin i counts
+    ``|x|`` in ``[2^(hist_lo+i), 2^(hist_lo+i+1))``; values beyond the ends are clipped into the end bins),
+    with the exact zeros in ``hist_zeros[key]``. Histograms are of the values *before* the cast, loss scale
+    included.
+    """
+
+    def __init__(self, data: dict[str, Any] | None = None) -> None:
+        if data is None:
+            data = {k: [] for k in SERIES}
+            data.update(eval_step=[], eval_loss=[], tensors={}, by_weight={}, hist_step=[], hist={}, hist_zeros={},
+                        hist_lo=HIST_LO, hist_hi=HIST_HI)
+        self.data: dict[str, Any] = data
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.data
+
+    def keys(self) -> Any:
+        return self.data.keys()
+
+    def __len__(self) -> int:
+        return len(self.data["step"])
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plain dict (shared, not copied)."""
+        return self.data
+
+    as_dict = to_dict
+
+    def _append_tensor(self, site: str, key: str, value: float) -> None:
+        n = len(self.data["step"])
+        t = self.data["tensors"].setdefault(site, {})
+        lst = t.setdefault(key, [])
+        lst.extend([float("nan")] * (n - 1 - len(lst)))
+        lst.append(value)
+
+    def summary(self, last: int = 10) -> dict[str, float]:
+        """Means over the last ``last`` steps of the main series, and the totals."""
+        d = self.data
+        n = len(d["step"])
+
+        def tail_mean(k: str) -> float:
+            v = np.asarray(d[k][-last:], dtype=np.float64)
+            v = v[np.isfinite(v)]
+            return float(v.mean()) if v.size else float("nan")
+
+        return {
+            "steps": n,
+            "final_train_loss": tail_mean("loss"),
+            "final_loss": float(d["eval_loss"][-1]) if d["eval_loss"] else tail_mean("loss"),
+            "grad_underflow_fraction": _nanmean(d["grad_underflow_fraction"]),
+            "grad_subnormal_fraction": _nanmean(d["grad_subnormal_fraction"]),
+            "lost_update_fraction": _nanmean(d["lost_update_fraction"]),
+            "skipped_steps": int(np.sum(d["skipped"])),
+            "final_loss_scale": float(d["loss_scale"][-1]) if n else float("nan"),
+        }
+
+
+def _nanmean(v: Any) -> float:
+    a = np.asarray(v, dtype=np.float64)
+    a = a[np.isfinite(a)]
+    return float(a.mean()) if a.size else float("nan")
+
+
+class _Progress:
+    """A one-line progress bar on a terminal (stderr) or in a notebook; silent otherwise."""
+
+    def __init__(self, total: int, label: str, enabled: bool | None = None) -> None:
+        self.total, self.label = total, label
+        self.mode = "off"
+        if enabled is False:
+            return
+        if "ipykernel" in sys.modules:
+            try:
+                from IPython.display import display
+
+                self.handle = display(self._text(0, ""), display_id=True)  # type: ignore[no-untyped-call]
+                self.mode = "notebook"
+            except Exception:  # noqa: BLE001 - any IPython trouble: fall back to no bar
+                self.mode = "off"
+        elif enabled or sys.stderr.isatty():
+            self.mode = "tty"
+
+    def _text(self, i: int, extra: str) -> str:
+        w = 30
+        k = int(w * i / max(self.total, 1))
+        return f"{self.label:>16} [{'#' * k}{'.' * (w - k)}] {i}/{self.total} {extra}"
+
+    def update(self, i: int, extra: str = "") -> None:
+        if self.mode == "tty":
+            sys.stderr.write("\r" + self._text(i, extra))
+            sys.stderr.flush()
+        elif self.mode == "notebook":
+            self.handle.update(self._text(i, extra))
+
+    def close(self) -> None:
+        if self.mode == "tty":
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+class Trainer:
+    """Train a GPT on a task under a policy.
+
+    Parameters
+    ----------
+    policy : Policy or str
+    config : TrainConfig
+    task : Task, optional
+        Overrides ``config.task`` (e.g. a :class:`~fpsim.train.data.CharText` built from a file).
+    init : dict, optional
+        Initial weights (default: :func:`fpsim.nn.init_params` with ``config.seed``).
+    """
+
+    def __init__(self, policy: Policy | str, config: TrainConfig, *, task: Task | None = None,
+                 init: Mapping[str, np.ndarray] | None = None) -> None:
+        self.policy = get_policy(policy)
+        self.config = config
+        self.task = task if task is not None else get_task(config.task, **config.task_kwargs)
+        m = config.model
+        if m.vocab_size != self.task.vocab_size:
+            raise ValueError(f"model vocab_size {m.vocab_size} != task vocab_size {self.task.vocab_size}")
+        if m.block_size < self.task.seq_len:
+            raise ValueError(f"model block_size {m.block_size} < task sequence length {self.task.seq_len}")
+        self.runtime = self.policy.runtime(seed=config.seed)
+        params = init if init is not None else init_params(m, seed=config.seed)
+        self.store = MasterWeights(params, self.policy, self.runtime)
+        kw: dict[str, Any] = {"lr": config.lr, "weight_decay": config.weight_decay}
+        if config.optimizer == "adamw":
+            kw.update(betas=config.betas, eps=config.eps)
+        else:
+            kw.update(momentum=config.momentum)
+        self.optimizer = make_optimizer(config.optimizer, self.policy, self.runtime, **kw)
+        self.scaler = self.policy.make_scaler()
+        self.history = History()
+        self.step_count = 0
+        self._t0 = time.perf_counter()
+        self._wall_offset = 0.0
+
+    # ------------------------------------------------------------------ data
+    def batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """The training batch of ``step`` (a pure function of seed and step)."""
+        rng = np.random.default_rng([self.config.seed, step])
+        return self.task.batch(rng, self.config.batch_size)
+
+    def eval_batches(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        rng = np.random.default_rng([self.config.seed, _EVAL_SEED])
+        return [self.task.batch(rng, self.config.batch_size) for _ in range(self.config.eval_batches)]
+
+    # ------------------------------------------------------------------ steps
+    def step(self) -> dict[str, Any]:
+        """One training step; returns its row of telemetry."""
+        cfg, pol, rt = self.config, self.policy, self.runtime
+        s = self.step_count
+        rec = cfg.telemetry_every > 0 and s % cfg.telemetry_every == 0
+        hist = rec and cfg.histogram_every > 0 and s % cfg.histogram_every == 0
+        rt.training = True
+        q = pol.quant
+        if q is not None and q.mode == "qat" and not rt.quant_active and s >= int(q.start * cfg.steps):
+            rt.quant_active = True  # QAT fine-tuning phase begins
+        rt.begin_step(recording=rec, histograms=hist)
+        x, y = self.batch(s)
+        scale = self.scaler.scale
+        n_tok = max(int(np.count_nonzero(y != -1)), 1)
+        norm = n_tok * cfg.micro_batches if cfg.micro_batches > 1 else None
+        # Overflow to inf (and inf - inf = NaN) is an expected event under loss scaling: the step is
+        # skipped below, so NumPy's warnings are silenced here.
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            _, loss_arr, cache = gpt_forward(self.store.weights, cfg.model, x, y, prec=rt, loss_normalizer=norm)
+            grads = gpt_backward(np.float32(scale), cache)
+            if pol.master is None:  # the .grad of a low-precision leaf is low precision too
+                grads = {k: rt.cast(g, pol.gradients) for k, g in grads.items()}
+            grads, found_inf = self.scaler.unscale(grads)
+        loss = float(np.asarray(loss_arr)) * cfg.micro_batches  # report the mean over this batch's tokens
+        if cfg.micro_batches > 1:  # the all-reduced (summed) gradient: micro_batches such micro-batches
+            mb = np.float32(cfg.micro_batches)
+            with np.errstate(over="ignore", invalid="ignore"):
+                grads = {k: g * mb for k, g in grads.items()}
+        lr = lr_at(cfg, s)
+        lost_frac = float("nan")
+        lost: dict[str, float] = {}
+        if not found_inf:
+            ups = self.optimizer.updates(self.store.weights, grads, lr=lr)
+            lost = self.store.apply(ups)
+            nz = self.store.last_nonzero
+            lost_frac = self.store.last_lost / nz if nz else float("nan")
+        self.scaler.update(found_inf)
+        rt.end_step()
+        row = self._log(s, loss, scale, found_inf, lr, lost_frac, lost, rec, hist)
+        self.step_count += 1
+        return row
+
+    def _log(self, s: int, loss: float, scale: float, skipped: bool, lr: float, lost_frac: float,
+             lost: dict[str, float], rec: bool, hist: bool) -> dict[str, Any]:
+        d = self.history.data
+        rt = self.runtime
+        nan = float("nan")
+        if rec and rt.stats:
+            tot = np.sum([v for v in rt.stats.values()], axis=0)
+            nz = tot[1]
+            under = tot[2] / nz if nz else 0.0
+            sub = tot[3] / nz if nz else 0.0
+            over, amax = float(tot[4]), float(max(v[5] for v in rt.stats.values()))
+        else:
+            under = sub = over = amax = nan
+        row = {"step": s, "loss": loss, "loss_scale": float(scale), "skipped": bool(skipped), "lr": lr,
+               "grad_underflow_fraction": float(under), "grad_subnormal_fraction": float(sub),
+               "grad_overflow": over, "grad_amax": amax, "lost_update_fraction": lost_frac,
+               "wall_s": self._wall_offset + time.perf_counter() - self._t0}
+        for k in SERIES:
+            d[k].append(row[k])
+        if rec:
+            for site, v in rt.stats.items():
+                nzs = v[1] if v[1] else 1.0
+                self.history._append_tensor(site, "underflow_fraction", float(v[2] / nzs))
+                self.history._append_tensor(site, "subnormal_fraction", float(v[3] / nzs))
+                self.history._append_tensor(site, "overflow", float(v[4]))
+                self.history._append_tensor(site, "amax", float(v[5]))
+        n = len(d["step"])
+        for k, f in lost.items():
+            lst = d["by_weight"].setdefault(k, [])
+            lst.extend([nan] * (n - 1 - len(lst)))
+            lst.append(f)
+        if hist:
+            d["hist_step"].append(s)
+            for k, c in rt.hists.items():
+                d["hist"].setdefault(k, []).append(c.astype(np.int64).tolist())
+                d["hist_zeros"].setdefault(k, []).append(int(rt.hist_zeros[k]))
+        return row
+
+    def evaluate(self, batches: list[tuple[np.ndarray, np.ndarray]] | None = None) -> float:
+        """Mean loss over the held-out batches, computed in the policy's forward precision."""
+        rt = self.runtime
+        rt.training = False
+        rt.begin_step(recording=False)
+        bs = self.eval_batches() if batches is None else batches
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            losses = [float(np.asarray(gpt_forward(self.store.weights, self.config.model, x, y, prec=rt)[1]))
+                      for x, y in bs]
+        rt.training = True
+        return float(np.mean(losses))
+
+    def _eval_log(self) -> None:
+        self.history.data["eval_step"].append(self.step_count)
+        self.history.data["eval_loss"].append(self.evaluate())
+
+    def run(self, steps: int | None = None, *, progress: bool | None = None, checkpoint: str | None = None,
+            checkpoint_every: int = 0, label: str | None = None) -> History:
+        """Train until ``steps`` (default ``config.steps``) steps have been taken in total.
+
+        Evaluates every ``config.eval_every`` steps and at the end; for a PTQ policy, calibrates and
+        quantizes after the last step (the final evaluation is then the quantized model's).
+        ``checkpoint``: a path written every ``checkpoint_every`` steps and at the end.
+        """
+        from .checkpoint import save_checkpoint
+
+        total = self.config.steps if steps is None else int(steps)
+        bar = _Progress(total, label or self.policy.name, progress)
+        try:
+            while self.step_count < total:
+                row = self.step()
+                if self.config.eval_every and self.step_count % self.config.eval_every == 0 \
+                        and self.step_count < total:
+                    self._eval_log()
+                if checkpoint and checkpoint_every and self.step_count % checkpoint_every == 0:
+                    save_checkpoint(self, checkpoint)
+                bar.update(self.step_count, f"loss {row['loss']:.4f} scale {row['loss_scale']:g}")
+        finally:
+            bar.close()
+        if self.step_count == total and (not self.history["eval_step"] or self.history["eval_step"][-1] != total):
+            self.finish()
+        if checkpoint:
+            save_checkpoint(self, checkpoint)
+        return self.history
+
+    def finish(self) -> None:
+        """Final evaluation (after post-training quantization for a PTQ policy)."""
+        q = self.policy.quant
+        if q is not None and q.mode == "ptq" and not self.runtime.quant_active:
+            self.history.data["float_eval_loss"] = self.evaluate()
+            self.post_training_quantize()
+        self._eval_log()
+
+    def post_training_quantize(self) -> None:
+        """Calibrate the activation observers on ``calibration_batches`` training batches, then switch
+        fake quantization on with the observers frozen (PTQ)."""
+        q = self.policy.quant
+        if q is None:
+            raise ValueError(f"policy {self.policy.name!r} has no quantization config")
+        rt = self.runtime
+        rt.calibrate(True)
+        rng = np.random.default_rng([self.config.seed, _EVAL_SEED + 1])
+        for _ in range(q.calibration_batches):
+            x, y = self.task.batch(rng, self.config.batch_size)
+            gpt_forward(self.store.weights, self.config.model, x, y, prec=rt)
+        rt.calibrate(False)
+        rt.quant_active = True
