@@ -33,21 +33,28 @@ typedef struct {
     double q;               /* the subnormal quantum as a double */
 } plan_t;
 
-#define DEFINE_KERNEL(NAME, UT, FT)                                                               \
-static inline __attribute__((always_inline)) void NAME##_body(                                    \
-    const UT *in, UT *out, Py_ssize_t n, const plan_t *p, const UT *rand, const int MODE)        \
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+#define CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CLONES
+#endif
+
+#define DEFINE_PASS1(NAME, UT, MODE_)                                                            \
+CLONES __attribute__((noinline)) static UT NAME##_pass1_##MODE_(                                  \
+    const UT *in, UT *out, Py_ssize_t n, const plan_t *p, const UT *rand)                        \
 {                                                                                                 \
+    const int MODE = MODE_;                                                                       \
     const UT SIGN = (UT)1 << (p->W - 1);                                                          \
     const int M = p->M;                                                                           \
-    /* pass 1, branch-free so that it vectorizes: every element by the bit trick, with the number of */ \
-    /* dropped bits d growing by one per binade below the target's min normal (clamped to M here);  */ \
-    /* elements the trick cannot do (deep underflow, overflow, inf, NaN) are flagged for pass 2.      */ \
-    const int fast_ok = p->is_signed && !p->ftz && p->d0 >= 1;                                   \
     const int tinyE = p->need_tiny ? p->qexp + p->M - p->d0 + p->B : 1; /* carrier field of min normal */ \
     const UT one = (UT)opaque_one, hi = (UT)p->inf_bits, maxb = (UT)p->max_bits;                 \
     const int WW = p->W, srb = p->sr_bits;                                                        \
     const UT zs = p->signed_zero ? ~(UT)0 : 0;                                                    \
-    if (fast_ok) {                                                                                \
+    const UT hqb = (UT)p->hq_bits, qb = (UT)p->minsub_bits, nanb = (UT)p->nan_bits;               \
+    const UT infr = p->has_inf ? hi : p->has_nan ? nanb : maxb, nsat = p->saturate ? 0 : ~(UT)0;  \
+    /* SR below the subnormals: bits of probability resolution, as in the reference kernel */     \
+    const UT bits = (UT)(srb ? srb : (WW < 53 ? WW : 53)), rshift = (UT)WW - bits;                \
+    const UT top = bits == (UT)WW ? (UT)0 : ((UT)1 << bits), mmask = ((UT)1 << M) - 1;           \
         UT bad = 0;                                                                               \
         for (Py_ssize_t i = 0; i < n; i++) {                                                      \
             /* written with masks instead of ternaries so that the 64-bit loop if-converts too */    \
@@ -57,7 +64,8 @@ static inline __attribute__((always_inline)) void NAME##_body(                  
             UT gt = (UT)0 - (UT)((UT)tinyE > eff);                                                \
             UT d = (UT)p->d0 + (((UT)tinyE - eff) & gt);                                          \
             UT over = (UT)0 - (UT)(d > (UT)M);                                                    \
-            UT deep = over & (UT)0 - (UT)(u != 0);                                                \
+            UT deep = over & ((UT)0 - (UT)(u != 0));                                                \
+            const UT draw = d;                                                                    \
             d = (d & ~over) | ((UT)M & over);                                                     \
             UT mask = (one << d) - one, keep = ~mask;                                             \
             UT atm = (UT)0 - (UT)(d == (UT)M);                                                    \
@@ -76,20 +84,84 @@ static inline __attribute__((always_inline)) void NAME##_body(                  
                 r = (((u >> k) << k) + rk) & keep;                                                \
             }                                                                                     \
             }                                                                                     \
-            out[i] = r | (s & (((UT)0 - (UT)(r != 0)) | zs));                                     \
-            bad |= deep | (UT)(u >= hi) | (UT)(r > maxb);                                         \
+            /* below half the smallest subnormal: 0 or q, decided by one comparison (not for SR) */ \
+            if (MODE != SR) {                                                                     \
+                UT upd;                                                                           \
+                switch (MODE) {                                                                   \
+                case RNE: upd = (UT)0 - (UT)(u > hqb); break;                                     \
+                case RNA: upd = (UT)0 - (UT)(u >= hqb); break;                                    \
+                case RTZ: upd = 0; break;                                                         \
+                case RUP: upd = ~sm; break;                                                       \
+                case RDN: upd = sm; break;                                                        \
+                default: upd = ~(UT)0;                                                            \
+                }                                                                                 \
+                r = (r & ~deep) | (qb & upd & deep);                                              \
+            }                                                                                     \
+            if (MODE == SR) {                                                                     \
+                /* below half the smallest subnormal: up with probability x/q, from the exact */    \
+                /* significand (the same sums as the reference kernel: floor(x/q * 2^bits) + bits */ \
+                /* random bits >= 2^bits)                                                         */ \
+                UT m = (u & mmask) | ((UT)(ef != 0) << M);                                        \
+                UT rs = (UT)0 - (UT)(draw >= bits);                  /* shift right?          */  \
+                UT shr = (draw - bits) & rs, shl = (bits - draw) & ~rs;                           \
+                UT gone = (UT)0 - (UT)(shr > (UT)M);                 /* shifted out entirely  */  \
+                shr = (shr & ~gone) | ((UT)M & gone);                                             \
+                UT frac = ((m >> shr) & rs & ~gone) | ((m << shl) & ~rs);                         \
+                UT rr = rand[i] >> rshift;                                                        \
+                UT lim = top - frac;                                                              \
+                UT upd = (UT)0 - ((UT)(frac != 0) & (UT)(rr >= lim));                             \
+                r = (r & ~deep) | (qb & upd & deep);                                              \
+            }                                                                                     \
+            /* overflow and infinite inputs (r > max), NaN inputs (u > inf) */                    \
+            UT ovf = (UT)0 - (UT)(r > maxb);                                                      \
+            UT toinf;                                                                             \
+            switch (MODE) {                                                                       \
+            case RTZ: case RTO: toinf = 0; break;                                                 \
+            case RUP: toinf = ~sm; break;                                                         \
+            case RDN: toinf = sm; break;                                                          \
+            default: toinf = ~(UT)0;                                                              \
+            }                                                                                     \
+            toinf = (toinf | ((UT)0 - (UT)(u == hi))) & nsat;                                     \
+            r = (r & ~ovf) | (ovf & ((infr & toinf) | (maxb & ~toinf)));                          \
+            UT isnan = (UT)0 - (UT)(u > hi);                                                      \
+            r = (r & ~isnan) | (nanb & isnan);                                                    \
+            UT keep_s = (((UT)0 - (UT)(r != 0)) | zs) & ((UT)0 - (UT)(r <= hi));                  \
+            out[i] = r | (s & keep_s);                                                            \
         }                                                                                         \
-        if (!bad) return;                                                                         \
+        return bad;                                                                               \
+}
+
+#define DEFINE_KERNEL(NAME, UT, FT)                                                               \
+static inline __attribute__((always_inline)) void NAME##_body(                                    \
+    const UT *in, UT *out, Py_ssize_t n, const plan_t *p, const UT *rand, const int MODE)        \
+{                                                                                                 \
+    const UT SIGN = (UT)1 << (p->W - 1);                                                          \
+    const int M = p->M;                                                                           \
+    /* pass 1, branch-free so that it vectorizes: every element by the bit trick, with the number of */ \
+    /* dropped bits d growing by one per binade below the target's min normal (clamped to M here);  */ \
+    /* deep underflow, overflow, inf and NaN are blended in with masks; only SR's deep underflow   */ \
+    /* (a probability from the value) is left to pass 2.                                            */ \
+    const int fast_ok = p->is_signed && !p->ftz && p->d0 >= 1;                                   \
+    const UT one = (UT)opaque_one;                                                                \
+    if (fast_ok) {                                                                                \
+        UT bad;                                                                                   \
+        switch (MODE) {                                                                           \
+        case RNE: bad = NAME##_pass1_RNE(in, out, n, p, rand); break;                             \
+        case RNA: bad = NAME##_pass1_RNA(in, out, n, p, rand); break;                             \
+        case RTZ: bad = NAME##_pass1_RTZ(in, out, n, p, rand); break;                             \
+        case RUP: bad = NAME##_pass1_RUP(in, out, n, p, rand); break;                             \
+        case RDN: bad = NAME##_pass1_RDN(in, out, n, p, rand); break;                             \
+        case RTO: bad = NAME##_pass1_RTO(in, out, n, p, rand); break;                             \
+        default: bad = NAME##_pass1_SR(in, out, n, p, rand);                                      \
+        }                                                                                         \
+        (void)bad;                                                                                \
+        return;                                                                                   \
     }                                                                                             \
-    /* pass 2 (or the only pass): the general path, for the elements pass 1 could not do */       \
+    /* otherwise (unsigned formats, flush to zero, formats wider than the carrier): the general */ \
+    /* per-element path, the reference kernel's steps one by one                                 */ \
     for (Py_ssize_t i = 0; i < n; i++) {                                                          \
         UT b = in[i], s = b & SIGN, u = b ^ s, r;                                                 \
         int neg = s != 0;                                                                         \
-        if (fast_ok && u < hi && (out[i] & ~SIGN) <= maxb) {                                      \
-            UT ef = u >> M, eff = ef > 1 ? ef : 1;                                                \
-            UT extra = (UT)tinyE > eff ? (UT)tinyE - eff : 0;                                     \
-            if (u == 0 || (UT)p->d0 + extra <= (UT)M) continue; /* pass 1 got it right */         \
-        }                                                                                         \
         int d = p->d0;                                                                            \
         if (p->need_tiny && u < (UT)p->tiny_bits && u != 0) {                                     \
             int ef = (int)(u >> M);                                                               \
@@ -182,11 +254,20 @@ CLONES static void NAME(const UT *in, UT *out, Py_ssize_t n, const plan_t *p, co
     }                                                                                             \
 }
 
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
-#define CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define CLONES
-#endif
+DEFINE_PASS1(kernel32, uint32_t, RNE)
+DEFINE_PASS1(kernel32, uint32_t, RNA)
+DEFINE_PASS1(kernel32, uint32_t, RTZ)
+DEFINE_PASS1(kernel32, uint32_t, RUP)
+DEFINE_PASS1(kernel32, uint32_t, RDN)
+DEFINE_PASS1(kernel32, uint32_t, RTO)
+DEFINE_PASS1(kernel32, uint32_t, SR)
+DEFINE_PASS1(kernel64, uint64_t, RNE)
+DEFINE_PASS1(kernel64, uint64_t, RNA)
+DEFINE_PASS1(kernel64, uint64_t, RTZ)
+DEFINE_PASS1(kernel64, uint64_t, RUP)
+DEFINE_PASS1(kernel64, uint64_t, RDN)
+DEFINE_PASS1(kernel64, uint64_t, RTO)
+DEFINE_PASS1(kernel64, uint64_t, SR)
 DEFINE_KERNEL(kernel32, uint32_t, float)
 DEFINE_KERNEL(kernel64, uint64_t, double)
 

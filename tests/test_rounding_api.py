@@ -255,6 +255,17 @@ def test_bits_roundtrip_and_strings() -> None:
         fpsim.to_ml_dtypes([1.0], "tf32")
 
 
+def test_c_kernel_is_built_where_a_compiler_exists() -> None:
+    """The C kernel is optional at install; where a C compiler exists its absence is a build failure."""
+    import shutil
+
+    import fpsim.rounding as R
+
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler here: fpsim uses its NumPy kernel")
+    assert R.use_c_kernel, "fpsim/_ckernel.c did not build: run pip install -e . -v to see why"
+
+
 def test_cli_formats_and_round() -> None:
     out = subprocess.run([sys.executable, "-m", "fpsim.cli", "formats"], capture_output=True, text=True, check=True)
     assert "fp8_e4m3" in out.stdout and "448" in out.stdout
