@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+# L0 numbers
 from .bits import bits_str, code_dtype, from_bits, ml_dtype, to_bits, to_ml_dtypes
 from .formats import (
     Format,
@@ -34,10 +35,28 @@ from .formats import (
 )
 from .rounding import Overflow, Rounding, RoundingReport, analyze, as_overflow, as_rounding, round
 
+# L1 arithmetic, L2 matrix units and summation orders (NumPy only)
+from . import accumulate, arith, mma  # submodules first: the name `array` below is the function
+from .accumulate import dot, sum  # noqa: A004 - fpsim.sum shadows the builtin on purpose
+from .arith import add, div, fma, mul, sqrt, sub
+from .array import FPArray, array
+from .mma import matmul
+
+# L3 layers, L4 precision (scaling, quantization, policies), L5 training (NumPy only; plot, testing and
+# gpu are imported on demand: `import fpsim.plot`)
+from . import amp, nn, quant, scaling, train
+
 __version__ = "0.1.0"
 
 __all__ = [
     "__version__",
+    "mma",
+    "matmul",
+    "quant",
+    "scaling",
+    "nn",
+    "amp",
+    "train",
     # formats
     "Format",
     "NaNEncoding",
@@ -76,4 +95,17 @@ __all__ = [
     "to_ml_dtypes",
     "ml_dtype",
     "code_dtype",
+    # arithmetic, FPArray, summation orders
+    "arith",
+    "accumulate",
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "sqrt",
+    "fma",
+    "array",
+    "FPArray",
+    "sum",
+    "dot",
 ]
