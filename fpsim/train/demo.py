@@ -413,9 +413,14 @@ def _findings(P: dict[str, Any]) -> str:
         d = P["fp16-fast-scaler"]
         fs = d["final_loss_scale"]
         fs_txt = f"2^{math.log2(fs):g}" if fs > 0 and math.log2(fs).is_integer() else f"{fs:g}"
-        out.append(f"- **fp16-fast-scaler** (dynamic, growth interval 8) climbs from 2^16 to the overflow boundary, "
-                   f"skipped {d['skipped_steps']} steps on overflow, ends with a scale of {fs_txt} and reaches "
-                   f"{cmp('fp16-fast-scaler')}: each skipped step is a lost update.")
+        if d["skipped_steps"]:
+            out.append(f"- **fp16-fast-scaler** (dynamic, growth interval 8) climbs from 2^16 to the overflow boundary, "
+                       f"skipped {d['skipped_steps']} steps on overflow, ends with a scale of {fs_txt} and reaches "
+                       f"{cmp('fp16-fast-scaler')}: each skipped step is a lost update.")
+        else:  # a short run can end before the scale reaches the overflow boundary: say so
+            out.append(f"- **fp16-fast-scaler** (dynamic, growth interval 8) grows its scale from 2^16 to {fs_txt} "
+                       f"without meeting an overflow in {d['steps']} steps (no skipped step; a longer run reaches "
+                       f"the boundary and backs off) and reaches {cmp('fp16-fast-scaler')}.")
     if "fp8-hybrid" in P:
         out.append(f"- **fp8-hybrid** (E4M3 forward, E5M2 gradients, delayed per-tensor scaling) trains to "
                    f"{cmp('fp8-hybrid')}.")
