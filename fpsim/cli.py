@@ -44,10 +44,8 @@ def cmd_round(args: argparse.Namespace) -> int:
     except ValueError:
         print(f"fpsim round: not a number: {args.value!r}", file=sys.stderr)
         return 2
-    kw = {}
-    if args.rounding == "sr":
-        kw["rng"] = np.random.default_rng(args.seed)
-    r = float(fround(x, fmt, args.rounding, overflow=args.overflow, **kw))
+    rng = np.random.default_rng(args.seed) if args.rounding == "sr" else None
+    r = float(fround(x, fmt, args.rounding, overflow=args.overflow, rng=rng))
     code = int(to_bits(r, fmt))
     err = r - x if np.isfinite(r) else float("nan")
     rel = abs(err) / abs(x) if x != 0 and np.isfinite(err) else 0.0
