@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ..arith import Context
 from ..formats import Format, FormatLike, as_format, fp16, fp32
 from ..rounding import round as _fround
 
@@ -290,29 +291,17 @@ def _rne_out(x: np.ndarray, out: Format) -> np.ndarray:
     return np.asarray(_fround(x, out, "rne"), dtype=np.float64)
 
 
-def _two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    s = a + b
-    bp = s - a
-    e = (a - (s - bp)) + (b - bp)
-    return s, e
-
-
-def _round_to_odd(s: np.ndarray, e: np.ndarray) -> np.ndarray:
-    """Given s = fl(x) and e = x - s exactly, the float64 nearest x toward zero made odd (round-to-odd)."""
-    bits = s.view(np.int64)
-    even = (bits & 1) == 0
-    fix = (e != 0) & even & np.isfinite(s) & np.isfinite(e)
-    if fix.any():
-        s = np.where(fix, np.nextafter(s, s + np.copysign(np.inf, e)), s)
-    return s
+_ADD_CONTEXTS: dict[Format, Any] = {}
 
 
 def fma_round(p: np.ndarray, z: np.ndarray, fmt: Format) -> np.ndarray:
-    """RNE_fmt(p + z) for float64 p (exact), z; one correct rounding (via round-to-odd, fmt p <= 51)."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        s, e = _two_sum(p, z)
-        s = _round_to_odd(s, e)
-        return _rne_out(s, fmt)
+    """RNE_fmt(p + z) for float64 p (an exact product) and z: one correct rounding (fpsim.arith's add)."""
+    ctx = _ADD_CONTEXTS.get(fmt)
+    if ctx is None:
+        ctx = _ADD_CONTEXTS[fmt] = Context(fmt, "rne")
+    p, z = np.broadcast_arrays(np.asarray(p, dtype=np.float64), np.asarray(z, dtype=np.float64))
+    res: np.ndarray = ctx.add(np.ascontiguousarray(p), np.ascontiguousarray(z))
+    return res
 
 
 def specials(prod_nonfinite: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
