@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 
 from .formats import FormatLike, as_format
-from .rounding import RoundingLike, _as_float_array
-from .scaling import BlockLike, _apply
+from .rounding import RoundingLike
+from .scaling import BlockLike, _as_float, _out, _scaled
 from .scaling import fake_quantize as _float_fake_quantize
 
 __all__ = [
@@ -67,11 +67,6 @@ _TWO63 = float(2**63)
 # Argument handling
 
 
-def _as_float(x: Any, name: str = "x") -> np.ndarray:
-    a, _ = _as_float_array(x, name)
-    return a
-
-
 def _int(name: str, v: Any) -> int:
     if isinstance(v, np.ndarray) and v.size == 1:
         v = v.reshape(()).item()
@@ -94,6 +89,13 @@ def _check_range(quant_min: Any, quant_max: Any) -> tuple[int, int]:
     return qmin, qmax
 
 
+def _per_tensor_zp(zero_point: Any, qmin: int, qmax: int) -> int:
+    zp = _int("zero_point", zero_point)
+    if not qmin <= zp <= qmax:
+        raise ValueError(f"zero_point ({zp}) must be between quant_min ({qmin}) and quant_max ({qmax})")
+    return zp
+
+
 def _scalar_scale(scale: Any) -> np.float32:
     s = np.asarray(_as_float(scale, "scale"))
     if s.size != 1:
@@ -107,10 +109,6 @@ def _float_input(x: Any, name: str = "x") -> tuple[np.ndarray, bool]:
     scalar = np.isscalar(x)
     a = _as_float(x, name)
     return a, scalar
-
-
-def _ret(a: np.ndarray, scalar: bool) -> Any:
-    return a[()] if scalar or a.ndim == 0 else a
 
 
 def _fma32(a: Any, b: Any, c: Any) -> np.ndarray:
@@ -283,12 +281,10 @@ def fake_quantize_with_mask(
     a, scalar = _float_input(x)
     if axis is None:
         s = _scalar_scale(scale)
-        zp = _int("zero_point", zero_point)
-        if not qmin <= zp <= qmax:
-            raise ValueError(f"zero_point ({zp}) must be between quant_min ({qmin}) and quant_max ({qmax})")
+        zp = _per_tensor_zp(zero_point, qmin, qmax)
         y, m = _fq_per_tensor(a, s, zp, qmin, qmax, True)
         assert m is not None
-        return _ret(y, scalar), _ret(m, scalar)
+        return _out(y, scalar), _out(m, scalar)
     if a.ndim == 0:
         raise ValueError("per-channel fake quantization needs an array with at least one dimension")
     if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
@@ -359,12 +355,10 @@ def fake_quantize(
     """
     if axis is None:  # the forward alone skips building the mask
         qmin, qmax = _check_range(quant_min, quant_max)
-        zp = _int("zero_point", zero_point)
-        if not qmin <= zp <= qmax:
-            raise ValueError(f"zero_point ({zp}) must be between quant_min ({qmin}) and quant_max ({qmax})")
+        zp = _per_tensor_zp(zero_point, qmin, qmax)
         a, scalar = _float_input(x)
         y1, _ = _fq_per_tensor(a, _scalar_scale(scale), zp, qmin, qmax, False)
-        return _ret(y1, scalar)
+        return _out(y1, scalar)
     y, _ = fake_quantize_with_mask(x, scale, zero_point, quant_min, quant_max, axis=axis)
     return y
 
@@ -401,7 +395,7 @@ def fake_quantize_grad(
             raise ValueError(f"grad of shape {g.shape} does not match x of shape {mk.shape}") from None
     with np.errstate(invalid="ignore"):
         out = g * mk.astype(g.dtype)
-    return _ret(np.asarray(out), scalar and mk.ndim == 0)
+    return _out(np.asarray(out), scalar and mk.ndim == 0)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -822,7 +816,7 @@ def learnable_fake_quantize(x: Any, scale: Any, zero_point: Any, quant_min: int,
     zp = _zp_from_tensor(zero_point, qmin, qmax, True)
     a, scalar = _float_input(x)
     y, _ = _fq_per_tensor(a.astype(_F32, copy=False), _scalar_scale(scale), zp, qmin, qmax, False)
-    return _ret(y, scalar)
+    return _out(y, scalar)
 
 
 def learnable_fake_quantize_grad(
@@ -959,15 +953,10 @@ def fp8_fake_quantize_grad(
     f = as_format(fmt)
     g, scalar = _float_input(grad, "grad")
     if not clip:
-        return _ret(g.copy(), scalar)
+        return _out(g.copy(), scalar)
     if x is None:
         raise ValueError("clip=True needs x")
-    a = _as_float(x)
-    s = _as_float(scale, "scale")
-    if a.dtype == np.float32:
-        s = s.astype(_F32)
+    xs = _scaled(_as_float(x), scale, axis, block)
     with np.errstate(over="ignore", invalid="ignore"):
-        xs = _apply(a, s, axis, block, np.multiply)
-        keep = np.abs(xs) <= f.max
-        out = g * keep.astype(g.dtype)
-    return _ret(np.asarray(out), scalar)
+        out = g * (np.abs(xs) <= f.max).astype(g.dtype)
+    return _out(np.asarray(out), scalar)

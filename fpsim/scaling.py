@@ -28,7 +28,7 @@ from typing import Any, Union
 import numpy as np
 
 from .formats import Format, FormatLike, as_format
-from .rounding import RoundingLike, _as_float_array, as_overflow, as_rounding
+from .rounding import Overflow, Rounding, RoundingLike, _as_float_array, as_rounding, parse_options
 from .rounding import round as _round
 
 __all__ = [
@@ -328,20 +328,23 @@ def quantize(
     >>> S.quantize(np.float32([[1, 2], [3, 4]]), "fp8_e4m3", [1.0, 0.5], axis=0).tolist()
     [[1.0, 2.0], [1.5, 2.0]]
     """
-    f = as_format(fmt)
-    as_rounding(rounding)
-    as_overflow(overflow)
+    f, mode, ov = parse_options(fmt, rounding, overflow, True, rng)
     scalar_in = np.isscalar(x)
-    a = _as_float(x)
+    xs = _scaled(_as_float(x), scale, axis, block)
+    if ov is Overflow.SATURATE:
+        _presaturate(xs, f)
+    q = _round(xs, f, mode, overflow=ov, rng=rng)
+    return _out(np.asarray(q), scalar_in)
+
+
+def _scaled(a: np.ndarray, scale: Any, axis: Any, block: Any) -> np.ndarray:
+    """A fresh array ``a * scale`` in ``a``'s precision (a float32 scale for float32 data), with the scale
+    broadcast per tensor / channel / block; overflow to inf and NaN products are kept, not warned about."""
     s = _as_float(scale, "scale")
     if a.dtype == np.float32:
         s = s.astype(_F32)
     with np.errstate(over="ignore", invalid="ignore"):
-        xs = _apply(a, s, axis, block, np.multiply).astype(a.dtype, copy=False)
-    if as_overflow(overflow).value == "saturate":
-        _presaturate(xs, f)
-    q = _round(xs, f, rounding, overflow=overflow, rng=rng)
-    return _out(np.asarray(q), scalar_in)
+        return _apply(a, s, axis, block, np.multiply).astype(a.dtype, copy=False)
 
 
 def _presaturate(v: np.ndarray, f: Format) -> None:
@@ -910,7 +913,7 @@ def mx_quantize(
     # x / X is exact for power-of-two X unless the quotient drops below the carrier's normal range,
     # which is far below half the element format's smallest subnormal: then it rounds to 0 anyway in
     # the nearest / toward-zero modes. Other modes divide in float64.
-    work = a.dtype if (a.dtype == np.float32 and mode.value in ("rne", "rna", "rtz")) else np.float64
+    work = a.dtype if (a.dtype == np.float32 and mode in (Rounding.RNE, Rounding.RNA, Rounding.RTZ)) else np.float64
     div = scales
     if scale_rounding == "ceil":
         # TE multiplies by exp2f_rcp(biased exponent), which is 1 (not 2**127) for the smallest scale.

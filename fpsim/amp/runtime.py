@@ -79,9 +79,7 @@ class PolicyRuntime:
             x = x.astype(np.float32)
         if fmt == _FP32:
             return x
-        if self.rng is not None:
-            return np.asarray(fround(x, fmt, "sr", rng=self.rng))
-        return np.asarray(fround(x, fmt, self.policy.rounding))
+        return np.asarray(fround(x, fmt, self.policy.rounding, rng=self.rng))  # rng is set iff rounding is "sr"
 
     def _gcast(self, x: np.ndarray, fmt: Format, site: str, hist: str | None = None) -> np.ndarray:
         """A gradient cast that records telemetry."""
@@ -181,7 +179,7 @@ class PolicyRuntime:
     def _fp8_quant(self, x: np.ndarray, key: str, fmt: Format) -> tuple[np.ndarray, np.float32]:
         ds = self._fp8_state(key, fmt)
         inv = ds.scale_inv
-        q = np.asarray(ds.quantize(x, rounding=self.policy.rounding if self.rng is None else "sr", rng=self.rng))
+        q = np.asarray(ds.quantize(x, rounding=self.policy.rounding, rng=self.rng))
         return q.astype(np.float32, copy=False), inv
 
     def matmul(self, a: np.ndarray, b: np.ndarray, site: str, kind: str,
@@ -215,17 +213,14 @@ class PolicyRuntime:
             d = self._gcast(dout, gf, f"{site}.dy", hist="grad_act")
             da = self._gcast(d @ np.swapaxes(bc, -1, -2), gf, f"{site}.dx")
             db = self._wgrad(ac, d, gf, site)
-            dbias = self._gcast(d.reshape(-1, d.shape[-1]).sum(axis=0), gf, f"{site}.db") if has_bias else None
+            dbias = self._bias_grad(d, gf, site) if has_bias else None
             return da, db, dbias
         if tag == "fp8":
             _, aq, bq, ainv, binv, site, has_bias = cache
             assert pol.fp8 is not None
             d = self.cast(dout, gf)
-            ds = self._fp8_state(f"{site}.dy", pol.fp8.backward)
-            dinv = ds.scale_inv
-            scale = ds.scale
-            dq = np.asarray(ds.quantize(d, rounding=self.policy.rounding if self.rng is None else "sr",
-                                        rng=self.rng)).astype(np.float32, copy=False)
+            scale = self._fp8_state(f"{site}.dy", pol.fp8.backward).scale  # the scale this quantization uses
+            dq, dinv = self._fp8_quant(d, f"{site}.dy", pol.fp8.backward)
             if self.recording:
                 with np.errstate(over="ignore", invalid="ignore"):
                     self._record(f"{site}.dy", (d * scale).astype(np.float32), dq, pol.fp8.backward)
@@ -235,7 +230,7 @@ class PolicyRuntime:
             a2 = aq.reshape(-1, aq.shape[-1])
             dw = self._gemm(a2.T, dq.reshape(-1, dq.shape[-1])) * (ainv * dinv)
             db = self._gcast(dw, gf, f"{site}.dw", hist="grad_w")
-            dbias = self._gcast(d.reshape(-1, d.shape[-1]).sum(axis=0), gf, f"{site}.db") if has_bias else None
+            dbias = self._bias_grad(d, gf, site) if has_bias else None
             return da, db, dbias
         if tag == "quant":
             _, aq, amask, wq, wmask, site, has_bias = cache
@@ -243,9 +238,12 @@ class PolicyRuntime:
             da = self._gcast((d @ wq.T) * amask, gf, f"{site}.dx")
             a2 = aq.reshape(-1, aq.shape[-1])
             dw = self._gcast((a2.T @ d.reshape(-1, d.shape[-1])) * wmask, gf, f"{site}.dw", hist="grad_w")
-            dbias = self._gcast(d.reshape(-1, d.shape[-1]).sum(axis=0), gf, f"{site}.db") if has_bias else None
+            dbias = self._bias_grad(d, gf, site) if has_bias else None
             return da, dw, dbias
         raise ValueError(f"unknown matmul cache tag {tag!r}")
+
+    def _bias_grad(self, d: np.ndarray, gf: Format, site: str) -> np.ndarray:
+        return self._gcast(d.reshape(-1, d.shape[-1]).sum(axis=0), gf, f"{site}.db")   # (N,)
 
     def _wgrad(self, ac: np.ndarray, d: np.ndarray, gf: Format, site: str) -> np.ndarray:
         if ac.ndim == 2 or d.ndim == 2:

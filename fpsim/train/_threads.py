@@ -10,6 +10,7 @@ import contextlib
 import ctypes
 import os
 from collections.abc import Iterator
+from typing import Any
 
 __all__ = ["blas_threads", "limit_blas_threads"]
 
@@ -26,16 +27,23 @@ def _loaded_openblas() -> list[str]:
     return sorted(p for p in paths if os.path.isfile(p))
 
 
-def _get_threads() -> int | None:
+def _blas_functions(names: tuple[str, ...]) -> Iterator[Any]:
+    """For each loaded OpenBLAS library, the first of ``names`` it exports."""
     for path in _loaded_openblas():
         try:
             lib = ctypes.CDLL(path)
         except OSError:
             continue
-        for sym in _SYMBOLS:
-            fn = getattr(lib, sym.replace("set_num", "get_num"), None)
+        for sym in names:
+            fn = getattr(lib, sym, None)
             if fn is not None:
-                return int(fn())
+                yield fn
+                break
+
+
+def _get_threads() -> int | None:
+    for fn in _blas_functions(tuple(sym.replace("set_num", "get_num") for sym in _SYMBOLS)):
+        return int(fn())
     return None
 
 
@@ -54,15 +62,7 @@ def blas_threads(n: int = 1) -> Iterator[None]:
 def limit_blas_threads(n: int = 1) -> bool:
     """Set OpenBLAS's thread count to ``n`` for the running process; True if a library was found."""
     done = False
-    for path in _loaded_openblas():
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for sym in _SYMBOLS:
-            fn = getattr(lib, sym, None)
-            if fn is not None:
-                fn(ctypes.c_int(int(n)))
-                done = True
-                break
+    for fn in _blas_functions(_SYMBOLS):
+        fn(ctypes.c_int(int(n)))
+        done = True
     return done
