@@ -23,7 +23,6 @@ rounding is a correctly rounded operation of :mod:`fpsim.arith` with the given m
 
 from __future__ import annotations
 
-import builtins
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -168,8 +167,7 @@ def _contexts(fmt: FormatLike, accumulate: FormatLike | None, rounding: Rounding
 
 def _contains(big: Format, small: Format) -> bool:
     """Every value of ``small`` is a value of ``big`` (so converting into ``big`` is exact)."""
-    return (big.p >= small.p and big.emax >= small.emax and
-            big.emin - (big.mbits if big.subnormals else 0) <= small.emin - (small.mbits if small.subnormals else 0))
+    return big.contains(small)
 
 
 def _result(r: np.ndarray, scalar: bool, keepdims_shape: tuple[int, ...] | None) -> Any:
@@ -430,6 +428,5 @@ def _dot_core(xr: np.ndarray, yr: np.ndarray, order: str, blk: int, out: Context
     return out.round(s).reshape(shape)
 
 
-_ = builtins  # the module shadows the builtin sum on purpose; builtins.sum stays reachable
 # FPArray (one layer below) reduces through these
 _register_reductions(sum=sum, matmul=matmul, check_order=_check_order, check_block=_check_block)

@@ -77,19 +77,8 @@ _acc = _Reductions()
 
 
 def _contains(big: Format, small: Format) -> bool:
-    """Every value of ``small`` is a value of ``big``."""
-    if big == small:
-        return True
-    lo_big = big.emin - (big.mbits if big.subnormals else 0)
-    lo_small = small.emin - (small.mbits if small.subnormals else 0)
-    return (
-        big.p >= small.p
-        and big.max >= small.max
-        and lo_big <= lo_small
-        and (big.has_inf or not small.has_inf)
-        and (big.signed_zero or not small.signed_zero)
-        and (big.signed or not small.signed)
-    )
+    """Every value of ``small`` is a value of ``big`` (so converting into ``big`` is exact)."""
+    return big.contains(small)
 
 
 def promote_formats(*fmts: FormatLike) -> Format:
@@ -219,7 +208,7 @@ class FPArray(NDArrayOperatorsMixin):
         if kwargs:
             raise TypeError(f"FPArray: {ufunc.__name__} keyword(s) {sorted(kwargs)} are not supported")
         owner, fmt = _owner(inputs)
-        ctx = owner._ctx if owner._fmt == fmt else Context(fmt, owner._mode, rng=owner._rng)
+        ctx = _context(owner, fmt)
         name = ufunc.__name__
         if name == "matmul":
             res = _matmul(owner, fmt, inputs[0], inputs[1])
@@ -262,7 +251,7 @@ class FPArray(NDArrayOperatorsMixin):
             return impl(*args, **kwargs)
         if func in _MOVE:
             owner, fmt = _owner(_flatten_args(args) + _flatten_args(tuple(kwargs.values())))
-            ctx = owner._ctx if owner._fmt == fmt else Context(fmt, owner._mode, rng=owner._rng)
+            ctx = _context(owner, fmt)
             r = func(*_unwrap(args, fmt, ctx), **_unwrap(kwargs, fmt, ctx))
             return _wrap(r, owner, fmt)
         # not modelled: compute on the float64 carriers, return plain NumPy results
@@ -405,6 +394,11 @@ def _owner(inputs: tuple[Any, ...]) -> tuple[FPArray, Format]:
     return owner, fmt
 
 
+def _context(owner: FPArray, fmt: Format) -> Context:
+    """The owner's arithmetic context, or a new one in its mode when promotion changed the format."""
+    return owner._ctx if owner._fmt == fmt else Context(fmt, owner._mode, rng=owner._rng)
+
+
 def _carrier(x: Any, fmt: Format, ctx: Context) -> np.ndarray:
     """Float64 values of fmt: FPArrays converted exactly (promotion), anything else rounded into fmt."""
     if isinstance(x, FPArray):
@@ -455,7 +449,7 @@ def _store_plain(r: np.ndarray, out: Any) -> Any:
 
 def _fma(a: Any, b: Any, c: Any) -> FPArray:
     owner, fmt = _owner((a, b, c))
-    ctx = owner._ctx if owner._fmt == fmt else Context(fmt, owner._mode, rng=owner._rng)
+    ctx = _context(owner, fmt)
     xs = [_carrier(x, fmt, ctx) for x in (a, b, c)]
     shape = np.broadcast_shapes(*[x.shape for x in xs])
     flat = [np.ascontiguousarray(np.broadcast_to(x, shape)).reshape(-1) for x in xs]
@@ -498,7 +492,7 @@ _PREDICATES = {
 
 
 def _matmul(owner: FPArray, fmt: Format, a: Any, b: Any) -> np.ndarray:
-    ctx = owner._ctx if owner._fmt == fmt else Context(fmt, owner._mode, rng=owner._rng)
+    ctx = _context(owner, fmt)
     x, y = _carrier(a, fmt, ctx), _carrier(b, fmt, ctx)
     order = owner._order
     r = _acc.matmul(x, y, fmt, order=order, block=owner._block if order == "blocked" else None,
@@ -516,22 +510,15 @@ def _np_dot(a: Any, b: Any, out: Any = None) -> FPArray:
     return _store(_matmul(owner, fmt, a, b), out, owner, fmt)  # type: ignore[no-any-return]
 
 
-def _np_sum(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, keepdims: bool = False, **kw: Any) -> Any:
-    if dtype is not None or kw:
-        raise TypeError("FPArray: np.sum supports axis and keepdims only")
-    return _store(a.sum(axis=axis, keepdims=keepdims)._v, out, a, a._fmt)
+def _np_reduction(name: str) -> Callable[..., Any]:
+    """``np.sum``/``np.mean``/``np.prod`` of an FPArray: its method of that name (axis and keepdims only)."""
 
+    def f(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, keepdims: bool = False, **kw: Any) -> Any:
+        if dtype is not None or kw:
+            raise TypeError(f"FPArray: np.{name} supports axis and keepdims only")
+        return _store(getattr(a, name)(axis=axis, keepdims=keepdims)._v, out, a, a._fmt)
 
-def _np_mean(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, keepdims: bool = False, **kw: Any) -> Any:
-    if dtype is not None or kw:
-        raise TypeError("FPArray: np.mean supports axis and keepdims only")
-    return _store(a.mean(axis=axis, keepdims=keepdims)._v, out, a, a._fmt)
-
-
-def _np_prod(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, keepdims: bool = False, **kw: Any) -> Any:
-    if dtype is not None or kw:
-        raise TypeError("FPArray: np.prod supports axis and keepdims only")
-    return _store(a.prod(axis=axis, keepdims=keepdims)._v, out, a, a._fmt)
+    return f
 
 
 def _np_cumsum(a: Any, axis: Any = None, dtype: Any = None, out: Any = None) -> Any:
@@ -557,9 +544,9 @@ def _np_clip(a: Any, a_min: Any = None, a_max: Any = None, out: Any = None, **kw
 
 
 _FUNCS: dict[Callable[..., Any], Callable[..., Any]] = {
-    np.sum: _np_sum,
-    np.mean: _np_mean,
-    np.prod: _np_prod,
+    np.sum: _np_reduction("sum"),
+    np.mean: _np_reduction("mean"),
+    np.prod: _np_reduction("prod"),
     np.cumsum: _np_cumsum,
     np.dot: _np_dot,
     np.zeros_like: _like(0.0),

@@ -214,6 +214,27 @@ class Format:
         """True when every value of the format is a float32 (results may then travel as float32)."""
         return self.emax <= 127 and self.emin - (self.mbits if self.subnormals else 0) >= -149 and self.p <= 24
 
+    def contains(self, other: Format) -> bool:
+        """Whether every value of ``other`` (signed zeros and infinities included) is a value of this format,
+        so that converting from ``other`` is exact.
+
+        >>> import fpsim
+        >>> fpsim.fp32.contains(fpsim.bf16), fpsim.bf16.contains(fpsim.fp16), fpsim.fp16.contains(fpsim.fp8_e4m3)
+        (True, False, True)
+        """
+        if self == other:
+            return True
+        lo_self = self.emin - (self.mbits if self.subnormals else 0)
+        lo_other = other.emin - (other.mbits if other.subnormals else 0)
+        return (
+            self.p >= other.p
+            and self.max >= other.max
+            and lo_self <= lo_other
+            and (self.has_inf or not other.has_inf)
+            and (self.signed_zero or not other.signed_zero)
+            and (self.signed or not other.signed)
+        )
+
     # -- bit-level constants used by bits.py ----------------------------------------------------
     @property
     def nan_code(self) -> int | None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .formats import Format, as_format
-from .rounding import RoundingReport, _as_float_array, analyze, as_rounding
+from .rounding import Rounding, RoundingReport, _as_float_array, analyze, as_rounding
 from .rounding import round as _round
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -444,7 +444,7 @@ def rounding_modes(
     n = len(mode_list)
     for i, m in enumerate(mode_list):
         y = n - 1 - i
-        if m.value == "sr":
+        if m is Rounding.SR:
             r = np.asarray(_round(np.full(samples, xv), f, m, rng=rng), dtype=np.float64)
             for target in sorted({lo, hi}):
                 share = float(np.mean(r == target))
@@ -465,8 +465,8 @@ def rounding_modes(
     ax.set_xticks([lo, xv, hi], [f"{lo:g}", f"x = {xv:g}", f"{hi:g}"])
     ax.set_xlabel(f"value (neighbouring {f.name} values in blue, x dotted)")
     ax.set_ylabel("rounding mode")
-    ax.set_title(f"Rounding {xv:g} to {f.name}" + (f" (stochastic: {samples} draws)" if any(
-        m.value == "sr" for m in mode_list) else ""))
+    sr_note = f" (stochastic: {samples} draws)" if Rounding.SR in mode_list else ""
+    ax.set_title(f"Rounding {xv:g} to {f.name}{sr_note}")
     return ax
 
 
@@ -516,7 +516,7 @@ def rounding_error(
     ok = np.isfinite(a) & ~over & (a != 0)
     with np.errstate(invalid="ignore", over="ignore"):
         err = np.abs(r - a)
-    nearest = mode.value in ("rne", "rna")
+    nearest = mode in (Rounding.RNE, Rounding.RNA)
     stats = {
         "exact": int(np.count_nonzero(ok & (err == 0))),
         "not finite": int(np.count_nonzero(over)),
@@ -545,7 +545,7 @@ def _err_panel(f: Format, mag: np.ndarray, y: np.ndarray, kind: str, nearest: bo
             ax.step(grid, bound, where="post", color=OKABE_ITO["vermillion"], lw=1.5,
                     label="ulp(x)/2" if nearest else "ulp(x)")
         else:
-            u = 2.0 ** (-f.p) if nearest else 2.0 ** (1 - f.p)
+            u = f.eps / 2 if nearest else f.eps  # unit roundoff 2**-p, or a full 2**(1-p)
             ax.axhline(u, color=OKABE_ITO["vermillion"], lw=1.5,
                        label=f"u = 2^{-f.p}" if nearest else f"2^{1 - f.p}")
             ax.axvline(f.min_normal, color=OKABE_ITO["black"], lw=0.8, ls=":", label="min normal")
@@ -857,7 +857,7 @@ def accumulation_error(
         errors[label] = med
         shown = np.where(med > 0, med, np.nan)
         ax.plot(ks, shown, marker="os^vDP*X"[i % 8], color=colour(i), lw=1.8, ms=5, label=label,
-                ls=["-", "--", "-.", ":"][i % 4])
+                ls=_LINESTYLES[i % 4])
     ax.axhline(2.0**-24, color=OKABE_ITO["black"], lw=0.8, ls=":", label="fp32 unit roundoff 2^-24")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)

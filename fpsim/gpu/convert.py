@@ -65,8 +65,6 @@ KERNEL_NAME = "fpsim_cvt"
 
 
 def _key(fmt: FormatLike, rounding: str, saturate: bool) -> tuple[str, str, bool]:
-    if isinstance(fmt, str) and fmt.strip().lower() in ("e4m3", "e5m2"):
-        fmt = "fp8_" + fmt.strip().lower()
     f = as_format(fmt)
     r = as_rounding(rounding).value
     key = (f.name, r, bool(saturate))
@@ -126,7 +124,7 @@ def conversion_inputs(fmt: FormatLike, n: int = 1 << 20, *, seed: int = 0) -> np
     neighbourhood, ±0, ±inf, NaN, float32 subnormals, then `n` random float32 bit patterns and `n` random
     values spread over the format's exponent range.
     """
-    f = as_format(fmt) if not (isinstance(fmt, str) and fmt.lower() in ("e4m3", "e5m2")) else as_format("fp8_" + fmt.lower())
+    f = as_format(fmt)
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n!r}")
     rng = np.random.default_rng(seed)

@@ -132,8 +132,6 @@ PATHS: tuple[tuple[str, str], ...] = tuple(_INSTRUCTIONS)
 
 
 def _name(fmt: FormatLike) -> str:
-    if isinstance(fmt, str) and fmt.strip().lower() in ("e4m3", "e5m2"):
-        fmt = "fp8_" + fmt.strip().lower()
     return as_format(fmt).name
 
 
@@ -226,8 +224,10 @@ def pack_b(b: np.ndarray, ins: MMAInstruction) -> np.ndarray:
 
 
 def _out_codes(x: np.ndarray, out: Format) -> np.ndarray:
+    """Register codes (uint32) of output-format values: fp32 bits, or the fp16 bit pattern."""
     if out == fp32:
-        return np.ascontiguousarray(np.asarray(x, dtype=np.float32)).view(np.uint32)
+        with np.errstate(over="ignore"):  # a float64 beyond float32 becomes inf on purpose
+            return np.ascontiguousarray(np.asarray(x, dtype=np.float32)).view(np.uint32)
     return np.asarray(to_bits(np.asarray(x, dtype=np.float64), out), dtype=np.uint32)
 
 

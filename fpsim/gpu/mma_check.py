@@ -22,6 +22,7 @@ from ..rounding import round as fround
 from .fragments import (
     KERNEL_NAME,
     MMAInstruction,
+    _out_codes,
     decode_d,
     instruction_for,
     mma_kernel_source,
@@ -140,13 +141,6 @@ def expected_d(a: np.ndarray, b: np.ndarray, c: np.ndarray, model: MMAModel) -> 
     return np.asarray(dot(rows, cols, np.asarray(c, dtype=np.float64), model), dtype=np.float64)
 
 
-def _out_codes(x: np.ndarray, out: Format) -> np.ndarray:
-    if out == fp32:
-        with np.errstate(over="ignore"):
-            return np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    return np.asarray(to_bits(np.asarray(x, dtype=np.float64), out)).astype(np.uint64)
-
-
 def compare_mma(a: np.ndarray, b: np.ndarray, c: np.ndarray, d_codes: np.ndarray, model: MMAModel,
                 ins: MMAInstruction | None = None, *, probe_ids: Sequence[str] = (), max_examples: int = 10,
                 device: str = "") -> MMAReport:
@@ -161,7 +155,7 @@ def compare_mma(a: np.ndarray, b: np.ndarray, c: np.ndarray, d_codes: np.ndarray
     if d_codes.shape != (a.shape[0], ins.m, ins.n):
         raise ValueError(f"d_codes must have shape {(a.shape[0], ins.m, ins.n)}, got {d_codes.shape}")
     want_v = expected_d(a, b, c, model)
-    want = _out_codes(want_v, ins.output)
+    want = _out_codes(want_v, ins.output).astype(np.uint64)
     got_v = decode_d(d_codes, ins)
     with np.errstate(invalid="ignore"):
         both_nan = np.isnan(want_v) & np.isnan(got_v)

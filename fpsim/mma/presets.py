@@ -109,8 +109,6 @@ def device_info(device: str) -> DeviceInfo:
 
 
 def _norm_input(fmt: FormatLike) -> Format:
-    if isinstance(fmt, str) and fmt.strip().lower() in ("e4m3", "e5m2"):
-        fmt = "fp8_" + fmt.strip().lower()
     try:
         f: Format | None = as_format(fmt)
     except (ValueError, TypeError):

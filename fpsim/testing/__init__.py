@@ -88,25 +88,11 @@ def _same(a: np.ndarray, b: np.ndarray, f: Format) -> np.ndarray:
 
 
 def _magnitude_codes(lo: np.ndarray, f: Format) -> np.ndarray:
-    """Codes (sign bit clear) of nonnegative finite values of ``f``, as int64, from the float64 bits.
+    """Codes (sign bit clear) of nonnegative finite values of ``f``, as int64.
 
     Codes of sign-magnitude formats grow by one from each value to the next, so they count grid steps.
     """
-    shape = np.shape(lo)
-    lo = np.ascontiguousarray(lo, dtype=np.float64).reshape(-1)
-    u = lo.view(np.uint64)
-    e = (u >> np.uint64(52)).astype(np.int64) - 1023
-    frac = ((u >> np.uint64(52 - f.mbits)) & np.uint64((1 << f.mbits) - 1)).astype(np.int64)
-    assert f.bias is not None
-    out: np.ndarray = ((e + f.bias) << f.mbits) | frac
-    sub = lo < f.min_normal
-    if np.any(sub):
-        with np.errstate(over="ignore"):
-            out[sub] = np.ldexp(lo[sub], f.mbits - f.emin).astype(np.int64)
-        if not f.has_zero:
-            out[sub] = 0
-    res: np.ndarray = out.reshape(shape)
-    return res
+    return _bits(lo, f).reshape(np.shape(lo)).astype(np.int64)
 
 
 def _ordinal(v: np.ndarray, f: Format) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -129,10 +115,10 @@ def _ordinal(v: np.ndarray, f: Format) -> tuple[np.ndarray, np.ndarray, np.ndarr
     off = fin != lo
     if np.any(off):
         lo_off = lo[off]
-        # Spacing above lo: 2**(max(exponent of lo, emin) - mbits), the exponent read from the bits.
-        e = (np.ascontiguousarray(lo_off).view(np.uint64) >> np.uint64(52)).astype(np.int64) - 1023
-        step = np.ldexp(1.0, (np.maximum(e, f.emin) - f.mbits).astype(np.int32))
-        frac[off] = (fin[off] - lo_off) / step  # exact: fin and lo are within a factor of two (Sterbenz)
+        # in units of the spacing above lo (the difference is exact below the format's maximum, by
+        # Sterbenz); the quotient overflows to inf only for float64 values far beyond a narrow format
+        with np.errstate(over="ignore"):
+            frac[off] = (fin[off] - lo_off) / f.ulp(lo_off)
     extra = np.zeros(v.shape)
     if np.any(inf):
         if f.has_inf:
@@ -262,7 +248,7 @@ def _hints(x: np.ndarray, f: Format, mode: Rounding, ov: Overflow, subnormals: b
     nearest = mode in (Rounding.RNE, Rounding.RNA)
     # Double rounding: first to a wider intermediate (the default conversion of many libraries), then to f.
     for mid, label in ((fp32, "float32"), (bf16, "bfloat16"), (fp16, "float16")):
-        if mid.p > f.p and (mid is fp32 or f.width <= 8) and mid.name != f.name:
+        if mid.p > f.p and (mid is fp32 or f.width <= 8):
             out.append((
                 f"double rounding through {label} (actual == round(round(x, {label}), {f.name}))",
                 through(mid),

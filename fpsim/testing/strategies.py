@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.extra import numpy as hnp
 
-from ..bits import from_bits, ml_dtype
-from ..formats import Format, FormatLike, as_format, fp64
+from ..bits import from_bits, ml_dtype, to_bits
+from ..formats import Format, FormatLike, as_format
 from ..rounding import Rounding, RoundingLike, as_rounding
 from ..rounding import round as _round
 
@@ -87,16 +87,11 @@ def _finite_interval(f: Format, lo_in: float | None, hi_in: float | None) -> tup
 def _code_to_value(f: Format, k: int) -> float:
     """Value at signed grid position ``k`` (0 is +0, -1 the negative smallest value, ...)."""
     code = k if k >= 0 else (1 << (f.width - 1)) | -k
-    if f == fp64:
-        # bits.from_bits rejects 64-bit codes (its range check overflows); fp64 is float64 anyway.
-        return float(np.array(code, dtype=np.uint64).view(np.float64))
     return float(from_bits(code, f))
 
 
 def _position(f: Format, v: float) -> int:
     """Signed grid position of a finite value of ``f`` (inverse of :func:`_code_to_value`)."""
-    from ..bits import to_bits
-
     with np.errstate(over="ignore", invalid="ignore"):  # bits.to_bits can overflow internally for fp64
         code = int(to_bits(abs(v), f))
     return -code if v < 0 else code
