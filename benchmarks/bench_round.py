@@ -14,6 +14,7 @@ import ml_dtypes
 import numpy as np
 
 import fpsim
+import fpsim.rounding as R
 
 
 def best(fn, repeat: int) -> float:
@@ -45,17 +46,20 @@ def run(label: str, x: np.ndarray, repeat: int) -> None:
     t_copy = best(lambda: np.copyto(dst, x), repeat)
     print(f"\n{label}: n = {x.size:,} float32 values; np.copyto = {t_copy * 1e3:.2f} ms (1.00x)")
     print(f"{'format':10s} {'fpsim f32':>10s} {'ml_dtypes':>10s} {'fpsim/ml':>9s} {'fpsim f64':>10s} "
-          f"{'f64/f32':>8s} {'SR':>8s} {'SR/RNE':>7s}")
+          f"{'f64/f32':>8s} {'SR':>8s} {'SR/RNE':>7s} {'threads':>8s}")
     a = argparse.Namespace(repeat=repeat)
     refs = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16, "fp8_e4m3": ml_dtypes.float8_e4m3fn,
             "fp8_e5m2": ml_dtypes.float8_e5m2}
     for name, T in refs.items():
+        R.max_threads = 1  # the comparisons are single-threaded, like ml_dtypes' casts
         t_f = best(lambda: fpsim.round(x, name), a.repeat)
         t_m = best(lambda: x.astype(T).astype(np.float32), a.repeat)
         t_64 = best(lambda: fpsim.round(x64, name), a.repeat)
         t_sr = best(lambda: fpsim.round(x, name, "sr", rng=np.random.default_rng(1)), a.repeat)
+        R.max_threads = None  # default: the kernel shares large arrays among the CPUs
+        t_th = best(lambda: fpsim.round(x, name), a.repeat)
         print(f"{name:10s} {t_f / t_copy:9.2f}x {t_m / t_copy:9.2f}x {t_f / t_m:8.2f}x "
-              f"{t_64 / t_copy:9.2f}x {t_64 / t_f:7.2f}x {t_sr / t_copy:7.2f}x {t_sr / t_f:6.2f}x")
+              f"{t_64 / t_copy:9.2f}x {t_64 / t_f:7.2f}x {t_sr / t_copy:7.2f}x {t_sr / t_f:6.2f}x {t_th / t_copy:7.2f}x")
 
 
 def memory(mem_n: int) -> None:

@@ -418,6 +418,49 @@ def _random_words(rng: np.random.Generator, n: int, c: _Carrier) -> np.ndarray:
 use_c_kernel = _ckernel is not None
 """Whether `round` uses the compiled kernel (set False to force the NumPy reference kernel)."""
 
+max_threads: int | None = None
+"""Threads the compiled kernel may use on large arrays (None: one per CPU, at most 8; 1: no threads).
+Results do not depend on it: each element is rounded on its own, and SR's random words are drawn in
+element order before the work is shared out."""
+
+_PARALLEL_MIN = 1 << 20  # below this, starting threads costs more than it saves
+_POOL: Any = None
+
+
+def _pool(workers: int) -> Any:
+    global _POOL
+    if _POOL is None or _POOL._max_workers != workers:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fpsim-round")
+    return _POOL
+
+
+def _run_c_kernel(sb: np.ndarray, res: np.ndarray, pl: _Plan, rng: np.random.Generator | None) -> None:
+    """The compiled kernel over blocks of 256K elements (it releases the GIL, so large arrays are shared
+    among threads)."""
+    import os
+
+    assert _ckernel is not None
+    params = _c_params(pl)
+    step = _CHUNK * 8
+    n = sb.size
+    workers = max_threads if max_threads is not None else min(os.cpu_count() or 1, 8)
+    if n < _PARALLEL_MIN or workers <= 1:
+        for i in range(0, n, step):
+            rand = None if pl.mode is not Rounding.SR else _random_words(rng, min(step, n - i), pl.c)  # type: ignore[arg-type]
+            _ckernel.round_bits(sb[i : i + step], res[i : i + step], rand, params)
+        return
+    pool = _pool(workers)
+    pending: list[Any] = []
+    for i in range(0, n, step):
+        rand = None if pl.mode is not Rounding.SR else _random_words(rng, min(step, n - i), pl.c)  # type: ignore[arg-type]
+        pending.append(pool.submit(_ckernel.round_bits, sb[i : i + step], res[i : i + step], rand, params))
+        if len(pending) >= 2 * workers:  # bounded: at most a few blocks of random words alive
+            pending.pop(0).result()
+    for fut in pending:
+        fut.result()
+
 
 def _round_array(a: np.ndarray, fmt: Format, mode: Rounding, overflow: Overflow, subnormals: bool,
                  rng: np.random.Generator | None, sr_bits: int | None) -> np.ndarray:
@@ -443,11 +486,7 @@ def _round_array_impl(a: np.ndarray, fmt: Format, mode: Rounding, overflow: Over
     res: np.ndarray = np.empty(src.size, dtype=c.utype)
     sb: np.ndarray = src.view(c.utype)
     if use_c_kernel and _ckernel is not None:
-        params = _c_params(pl)
-        step = _CHUNK * 8
-        for i in range(0, src.size, step):
-            rand = None if pl.mode is not Rounding.SR else _random_words(rng, min(step, src.size - i), c)  # type: ignore[arg-type]
-            _ckernel.round_bits(sb[i : i + step], res[i : i + step], rand, params)
+        _run_c_kernel(sb, res, pl, rng)
     else:
         for i in range(0, src.size, _CHUNK):
             res[i : i + _CHUNK] = _kernel(sb[i : i + _CHUNK], pl, rng)

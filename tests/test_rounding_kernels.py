@@ -52,3 +52,19 @@ def test_c_kernel_equals_numpy_kernel_sr_bits(sr_bits: int) -> None:
     x = _data(np.float32)
     a, b = _both(x, fpsim.fp16, "sr", sr_bits=sr_bits)
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.mark.parametrize("mode", ["rne", "sr"])
+def test_threaded_kernel_equals_one_thread(mode: str) -> None:
+    """Large arrays are shared among threads; the bits (SR's random stream too) must not depend on it."""
+    x = np.random.default_rng(11).standard_normal(3 * R._PARALLEL_MIN // 2 + 7).astype(np.float32) * 1e-3
+    rng = (lambda: np.random.default_rng(4)) if mode == "sr" else (lambda: None)
+    old = R.max_threads
+    try:
+        R.max_threads = 2
+        a = fpsim.round(x, "fp8_e5m2", mode, rng=rng())
+        R.max_threads = 1
+        b = fpsim.round(x, "fp8_e5m2", mode, rng=rng())
+    finally:
+        R.max_threads = old
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
