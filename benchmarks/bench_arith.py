@@ -10,22 +10,14 @@ of a float64 multiply-add.
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable
 
 import numpy as np
 
 import fpsim
 from fpsim.arith import Context
+from _timing import best
 
 
-def best(fn: Callable[[], object], repeat: int) -> float:
-    ts = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return min(ts)
 
 
 def main() -> None:

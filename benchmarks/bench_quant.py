@@ -7,25 +7,15 @@ vs a plain fpsim.round, on 10M float32 values. Prints ratios measured in this ru
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 import fpsim
 import fpsim.quant as Q
 import fpsim.scaling as S
+from _timing import best
 
 
-def best(fn: Callable[[], Any], repeat: int) -> float:
-    fn()  # warm up
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def main() -> None:

@@ -7,7 +7,6 @@ All figures are ratios to np.copyto of the same float32 array, measured in this 
 from __future__ import annotations
 
 import argparse
-import time
 import tracemalloc
 
 import ml_dtypes
@@ -15,15 +14,9 @@ import numpy as np
 
 import fpsim
 import fpsim.rounding as R
+from _timing import best
 
 
-def best(fn, repeat: int) -> float:
-    ts = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return min(ts)
 
 
 def main() -> None:
