@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ._names import parse_name
 from .arith import Context, _round_to_odd, _two_prod
 from .array import _register_reductions
 from .formats import Format, FormatLike
@@ -41,9 +42,7 @@ _DEFAULT_BLOCK = 32
 
 
 def _check_order(order: str) -> str:
-    if not isinstance(order, str) or order.lower() not in ORDERS:
-        raise ValueError(f"unknown summation order {order!r}; valid: {', '.join(ORDERS)}")
-    return order.lower()
+    return parse_name(order, ORDERS, "summation order")
 
 
 def _check_block(block: int | None, order: str) -> int:

@@ -14,6 +14,8 @@ from typing import Any, Union
 
 import numpy as np
 
+from ._names import norm_name
+
 __all__ = [
     "NaNEncoding",
     "Format",
@@ -416,7 +418,7 @@ def as_format(fmt: FormatLike) -> Format:
     if isinstance(fmt, Format):
         return fmt
     if isinstance(fmt, str):
-        name = _ALIASES.get(fmt.strip().lower())
+        name = _ALIASES.get(norm_name(fmt, "format"))
         if name is None:
             raise ValueError(f"unknown format {fmt!r}; valid names: {', '.join(format_names())}")
         return _REGISTRY[name]

@@ -20,6 +20,7 @@ from typing import Any, TypeVar, Union
 
 import numpy as np
 
+from ._names import parse_name
 from .formats import Format, FormatLike, as_format
 
 __all__ = [
@@ -75,14 +76,9 @@ _E = TypeVar("_E", Rounding, Overflow)
 def _parse_enum(cls: type[_E], value: object, what: str) -> _E:
     if isinstance(value, cls):
         return value
-    if isinstance(value, str):
-        try:
-            return cls(value.strip().lower())
-        except ValueError:
-            pass
-        valid = ", ".join(m.value for m in cls)
-        raise ValueError(f"unknown {what} {value!r}; valid: {valid}")
-    raise TypeError(f"{what} must be a {cls.__name__} or a string, got {type(value).__name__}: {value!r}")
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a {cls.__name__} or a string, got {type(value).__name__}: {value!r}")
+    return cls(parse_name(value, [m.value for m in cls], what))
 
 
 def as_rounding(mode: RoundingLike) -> Rounding:
