@@ -1,12 +1,15 @@
 """Published Tensor Core measurements reproduced bit for bit (reference tensorcore.md section 9).
 
-The data folder is ``$FPSIM_TENSORCORE_DATA`` if set, else ``../shared/data/tensorcore-hw`` next to the
-repository root. Each (GPU, input format, output) set is one test: every row must match the hardware's D;
-naive baselines (exactRN, the fp32 FMA chain) must *fail* on the counts the reference reports.
+The rows ship with the tests (``tests/data/tensorcore-hw/rows.npz``, BSD-2-Clause, provenance in the README
+beside it), so a plain clone runs every set. ``$FPSIM_TENSORCORE_DATA`` may point at a folder of the published
+text files instead (e.g. the full sets). Each (GPU, input format, output) set is one test: every row must
+match the hardware's D; naive baselines (exactRN, the fp32 FMA chain) must *fail* on the counts the
+reference reports.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -16,8 +19,33 @@ import pytest
 from fpsim.mma import dot, generic, get_model
 from fpsim.mma.naive import dot_naive
 
-_DEFAULT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tensorcore-hw"
-DATA = Path(os.environ.get("FPSIM_TENSORCORE_DATA", str(_DEFAULT)))
+ROOT = Path(__file__).resolve().parents[1]
+PACKED = ROOT / "tests" / "data" / "tensorcore-hw" / "rows.npz"
+TEXT = Path(os.environ["FPSIM_TENSORCORE_DATA"]) if os.environ.get("FPSIM_TENSORCORE_DATA") else None
+_SHARED = ROOT.parent / "shared" / "data" / "tensorcore-hw"  # the project's copy of the published text
+
+
+def _pack_tool():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("pack_tensorcore_data", ROOT / "tools" / "pack_tensorcore_data.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _load_words() -> dict[str, np.ndarray]:
+    """Every published file as uint32 words, keyed '<GPU>/<fmt>/<stem>'."""
+    if TEXT is not None:
+        if not TEXT.is_dir():
+            return {}
+        read = _pack_tool().read_words
+        return {str(f.relative_to(TEXT).with_suffix("")): read(f) for f in sorted(TEXT.glob("*/*/*.txt"))}
+    with np.load(PACKED, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+WORDS = _load_words()
+DATA = TEXT if TEXT is not None else PACKED
 
 FORMATS = {"fp16": "fp16", "bf16": "bf16", "tf32": "tf32", "E4M3": "fp8_e4m3", "E5M2": "fp8_e5m2"}
 DEVICES = {"V100": "v100", "A100": "a100", "Ada": "ada", "H100": "h100"}
@@ -29,37 +57,24 @@ FMA_RANGE = (396, 650)
 
 
 def _sets() -> list[tuple[str, str, str]]:
-    if not DATA.is_dir():
-        return []
     found = []
-    for gdir in sorted(p for p in DATA.iterdir() if p.is_dir()):
-        for fdir in sorted(p for p in gdir.iterdir() if p.is_dir()):
-            for out in ("fp32", "fp16"):
-                if (fdir / f"d_{gdir.name}_{out}.txt").exists():
-                    found.append((gdir.name, fdir.name, out))
+    for key in sorted(WORDS):
+        gpu, fmt, stem = key.split("/")
+        for out in ("fp32", "fp16"):
+            if stem == f"d_{gpu}_{out}":
+                found.append((gpu, fmt, out))
     return found
 
 
 SETS = _sets()
-_SKIP = f"published Tensor Core data not found at {DATA} (set FPSIM_TENSORCORE_DATA)"
-
-
-def _hex_rows(path: Path) -> np.ndarray:
-    rows = [[int(w, 16) for w in line.split()] for line in path.read_text().splitlines() if line.strip()]
-    return np.array(rows, dtype=np.uint32).view(np.float32)
-
-
-def _bin_rows(path: Path) -> np.ndarray:
-    return np.array([int(line, 2) for line in path.read_text().splitlines() if line.strip()],
-                    dtype=np.uint32).view(np.float32)
+_SKIP = f"published Tensor Core data not found at {DATA} (FPSIM_TENSORCORE_DATA)"
 
 
 def load(gpu: str, fmt: str, out: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    d = DATA / gpu / fmt
-    a = _hex_rows(d / f"a_{gpu}_{fmt}.txt")
-    b = _hex_rows(d / f"b_{gpu}_{fmt}.txt")
-    c = _bin_rows(d / f"c_{gpu}_fp32.txt")
-    dd = _bin_rows(d / f"d_{gpu}_{out}.txt")
+    def w(stem: str) -> np.ndarray:
+        return WORDS[f"{gpu}/{fmt}/{stem}"].view(np.float32)
+
+    a, b, c, dd = w(f"a_{gpu}_{fmt}"), w(f"b_{gpu}_{fmt}"), w(f"c_{gpu}_fp32"), w(f"d_{gpu}_{out}")
     if gpu == "H100" and fmt in ("E4M3", "E5M2") and out == "fp32":
         c = np.zeros_like(c)  # these runs used C = 0 although the c file holds values
     return a, b, c, dd
@@ -78,10 +93,30 @@ def _kind(gpu: str, fmt: str, out: str) -> str:
     return "fp32"
 
 
-def test_data_present_or_skip():
-    if not SETS:
+def test_data_present():
+    """The shipped rows are always there; a FPSIM_TENSORCORE_DATA folder that is missing skips."""
+    if TEXT is None:
+        assert PACKED.is_file(), f"{PACKED} is missing from the checkout"
+    elif not SETS:
         pytest.skip(_SKIP)
     assert len(SETS) == 22, f"expected 22 published sets, found {len(SETS)}: {SETS}"
+
+
+@pytest.mark.skipif(not _SHARED.is_dir(), reason=f"no published text folder at {_SHARED} to compare with")
+def test_packed_rows_equal_the_published_text():
+    """Provenance: rows.npz holds exactly the words of the published text files (and SOURCES.txt their hashes)."""
+    import hashlib
+
+    read = _pack_tool().read_words
+    with np.load(PACKED, allow_pickle=False) as z:
+        packed = {k: z[k] for k in z.files}
+    files = sorted(_SHARED.glob("*/*/*.txt"))
+    assert sorted(packed) == sorted(str(f.relative_to(_SHARED).with_suffix("")) for f in files)
+    sums = dict(ln.split("  ")[::-1] for ln in (PACKED.parent / "SOURCES.txt").read_text().splitlines())
+    for f in files:
+        rel = f.relative_to(_SHARED)
+        assert np.array_equal(packed[str(rel.with_suffix(""))], read(f)), rel
+        assert sums[str(rel)] == hashlib.sha256(f.read_bytes()).hexdigest(), rel
 
 
 @pytest.mark.skipif(not SETS, reason=_SKIP)

@@ -12,6 +12,7 @@ import pytest
 
 import fpsim
 from _mpfr_oracle import oracle_round
+from _versions import ML_DTYPES_E8M0_SUBNORMAL_DEFECT, ML_DTYPES_E8M0_TIES_DEFECT, ML_DTYPES_FLOAT64_DOUBLE_ROUNDS
 
 ML = [f for f in fpsim.all_formats() if f.width <= 16 and f.name in fpsim.bits._ML_NAMES]
 
@@ -148,10 +149,13 @@ def test_matches_ml_dtypes_on_float32_inputs(fmt: fpsim.Format) -> None:
     with np.errstate(over="ignore"):
         x = np.concatenate([raw, v, mids, np.nextafter(mids, np.float32(np.inf)), np.nextafter(mids, -np.inf)])
     x = np.concatenate([x, -x])
-    if fmt is fpsim.e8m0:
-        # ml_dtypes 0.6 rounds float32 subnormal inputs into e8m0 incorrectly (MPFR agrees with fpsim);
-        # compare on normal inputs only.
+    if fmt is fpsim.e8m0 and ML_DTYPES_E8M0_SUBNORMAL_DEFECT:
+        # ml_dtypes < 0.7 rounds float32 subnormal inputs into e8m0 incorrectly (MPFR agrees with fpsim);
+        # compare on normal inputs only there.
         x = x[~(np.abs(x) < np.finfo(np.float32).tiny)]
+    if fmt is fpsim.e8m0 and ML_DTYPES_E8M0_TIES_DEFECT:
+        # ml_dtypes 0.5 rounds half of the e8m0 ties the wrong way (MPFR agrees with fpsim): leave ties out.
+        x = x[~np.isin(np.abs(x), mids)]
     dt = fpsim.ml_dtype(fmt)
     with np.errstate(over="ignore", invalid="ignore"):
         ref = x.astype(dt).astype(np.float64)
@@ -173,10 +177,14 @@ def test_matches_numpy_float16() -> None:
 
 
 def test_float64_double_rounding_regression() -> None:
-    """ml_dtypes casts float64 to bfloat16 through float32 (two roundings). fpsim rounds once."""
+    """Rounding float64 to bfloat16 through float32 (two roundings, as ml_dtypes < 0.7 does) goes wrong
+    just above a tie; fpsim rounds once, as MPFR does."""
     x = 1 + 2**-8 + 2**-40  # just above a bf16 tie; float32 rounds it onto the tie, then RNE goes down
-    assert float(np.float64(x).astype(ml_dtypes.bfloat16)) == 1.0  # the defect
+    assert float(np.float32(x).astype(ml_dtypes.bfloat16)) == 1.0  # the defect, built explicitly
     assert fpsim.round(x, "bf16") == 1 + 2**-7 == oracle_round(x, fpsim.bf16, "rne")
+    # What the installed ml_dtypes does is a fact about its version (tests/_versions.py).
+    want = 1.0 if ML_DTYPES_FLOAT64_DOUBLE_ROUNDS else 1 + 2**-7
+    assert float(np.float64(x).astype(ml_dtypes.bfloat16)) == want
     y = np.array([448 + 16 + 2**-30])  # e4m3: just past the 448/480 tie -> overflow, NaN
     assert np.isnan(fpsim.round(y, "fp8_e4m3"))[0]
 

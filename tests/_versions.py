@@ -1,0 +1,42 @@
+"""What installed third-party libraries do, by version: facts about a version, not truths.
+
+A test that pins another library's behaviour reads it from here, so the statement carries its version.
+The oracle (MPFR) says what is right; these say what a version does. Each entry was observed on the
+versions named; anything outside them is only checked against the oracle (see the tests that use them).
+"""
+
+from __future__ import annotations
+
+import re
+
+import ml_dtypes
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """'2.13.0+cpu' -> (2, 13, 0); pre-release suffixes are ignored."""
+    return tuple(int(p) for p in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+ML_DTYPES = version_tuple(ml_dtypes.__version__)
+
+# ml_dtypes before 0.7 casts float64 to bfloat16 and the float8 types through float32 (two roundings:
+# seen on 0.5.0 and 0.6.x); 0.7.0 rounds float64 once, correctly.
+ML_DTYPES_FLOAT64_DOUBLE_ROUNDS = ML_DTYPES < (0, 7)
+
+# ml_dtypes 0.5.0 rounds half of the exact float32 ties between two float8_e8m0fnu values the wrong way
+# (126 of the 253 ties; MPFR sides with fpsim); 0.6.0 and 0.7.0 round every tie correctly.
+ML_DTYPES_E8M0_TIES_DEFECT = ML_DTYPES < (0, 6)
+
+# ml_dtypes 0.5 and 0.6 round float32 *subnormal* inputs into float8_e8m0fnu the wrong way (MPFR sides
+# with fpsim); 0.7.0 rounds them correctly.
+ML_DTYPES_E8M0_SUBNORMAL_DEFECT = ML_DTYPES < (0, 7)
+
+
+def torch_version() -> tuple[int, ...]:
+    import torch
+
+    return version_tuple(torch.__version__)
+
+
+# torch casts float64 tensors to bfloat16, float16 and float8 through float32 (observed on 2.13.0 CPU).
+TORCH_FLOAT64_DOUBLE_ROUNDS_SEEN_ON = {(2, 13)}

@@ -1,0 +1,20 @@
+"""Hardening at the edges (issue 12): what a new user trips on in fpsim.testing and the shipped data."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_strategies_reachable_as_attribute_and_lazy() -> None:
+    """`import fpsim.testing` does not import hypothesis; `fpsim.testing.strategies` then loads it on access."""
+    code = (
+        "import sys, fpsim.testing as ft\n"
+        "assert 'hypothesis' not in sys.modules, 'hypothesis imported by fpsim.testing'\n"
+        "assert ft.strategies.from_format is not None\n"
+        "assert 'hypothesis' in sys.modules\n"
+        "try:\n    ft.no_such_name\nexcept AttributeError as e:\n    assert 'no_such_name' in str(e)\n"
+        "else:\n    raise SystemExit('no AttributeError')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
