@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from ._fpenv import ieee_mode
 from .formats import Format, FormatLike, as_format
 from .rounding import (
     Overflow,
@@ -459,6 +460,7 @@ def _run(op: str, args: tuple[Any, ...], names: tuple[str, ...], fmt: FormatLike
     return r[()] if scalar or r.ndim == 0 else r
 
 
+@ieee_mode
 def add(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike = "rne",
         overflow: Overflow | str = "ieee", subnormals: bool = True, rng: np.random.Generator | None = None) -> Any:
     """``a + b`` computed exactly and rounded once into ``fmt``; broadcasts like ``np.add``.
@@ -502,6 +504,7 @@ def add(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike
     return _run("add", (a, b), ("a", "b"), fmt, rounding, overflow, subnormals, rng)
 
 
+@ieee_mode
 def sub(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike = "rne", overflow: Overflow | str = "ieee",
         subnormals: bool = True, rng: np.random.Generator | None = None) -> Any:
     """``a - b`` computed exactly and rounded once into ``fmt`` (see :func:`add`).
@@ -517,6 +520,7 @@ def sub(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike
     return _run("sub", (a, b), ("a", "b"), fmt, rounding, overflow, subnormals, rng)
 
 
+@ieee_mode
 def mul(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike = "rne", overflow: Overflow | str = "ieee",
         subnormals: bool = True, rng: np.random.Generator | None = None) -> Any:
     """``a * b`` computed exactly and rounded once into ``fmt`` (see :func:`add` for the parameters).
@@ -532,6 +536,7 @@ def mul(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike
     return _run("mul", (a, b), ("a", "b"), fmt, rounding, overflow, subnormals, rng)
 
 
+@ieee_mode
 def div(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike = "rne", overflow: Overflow | str = "ieee",
         subnormals: bool = True, rng: np.random.Generator | None = None) -> Any:
     """``a / b`` correctly rounded into ``fmt`` (see :func:`add` for the parameters).
@@ -549,6 +554,7 @@ def div(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike
     return _run("div", (a, b), ("a", "b"), fmt, rounding, overflow, subnormals, rng)
 
 
+@ieee_mode
 def sqrt(a: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike = "rne", overflow: Overflow | str = "ieee",
          subnormals: bool = True, rng: np.random.Generator | None = None) -> Any:
     """Square root correctly rounded into ``fmt`` (see :func:`add` for the parameters).
@@ -564,6 +570,7 @@ def sqrt(a: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike = "rne
     return _run("sqrt", (a,), ("a",), fmt, rounding, overflow, subnormals, rng)
 
 
+@ieee_mode
 def fma(a: Any, b: Any, c: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike = "rne",
         overflow: Overflow | str = "ieee", subnormals: bool = True, rng: np.random.Generator | None = None) -> Any:
     """Fused multiply-add ``a * b + c``, computed exactly and rounded once into ``fmt``.

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
+from ._fpenv import ieee_mode
 from .arith import Context
 from .bits import to_bits
 from .formats import Format, FormatLike, as_format, fp32
@@ -98,6 +99,7 @@ def promote_formats(*fmts: FormatLike) -> Format:
     raise TypeError(f"no promotion rule for formats {names}: convert one with .to(fmt) first")
 
 
+@ieee_mode
 class FPArray(NDArrayOperatorsMixin):
     """An array of values of one floating-point format; every result is rounded into that format.
 
@@ -566,6 +568,7 @@ _MOVE = {
 _MOVE.discard(np.median)  # the mean of two middle values would need a rounding
 
 
+@ieee_mode
 def array(
     values: Any,
     fmt: FormatLike,

@@ -16,6 +16,7 @@ import math
 from collections.abc import Sequence
 from fractions import Fraction
 
+from .._fpenv import ieee_mode
 from .model import MMAModel
 
 __all__ = ["bfma_naive", "dot_naive"]
@@ -52,6 +53,7 @@ def _round(v: Fraction, mb: int, emin: int, emax: int, rz: bool) -> float:
     return sign * float(r)
 
 
+@ieee_mode
 def bfma_naive(a: Sequence[float], b: Sequence[float], c: float, model: MMAModel) -> float:
     """One BFMA of ``len(a)`` products and addend c, following reference section 1 literally."""
     fin = model.input
@@ -84,6 +86,7 @@ def bfma_naive(a: Sequence[float], b: Sequence[float], c: float, model: MMAModel
     return _round(v, model.mb, out.emin, out.emax, model.rounding == "rz") + 0.0
 
 
+@ieee_mode
 def dot_naive(a: Sequence[float], b: Sequence[float], c: float, model: MMAModel) -> float:
     """Chain of BFMAs along K (zero padded), with the late-C and mod-4 variants; inputs must be exact."""
     ki = model.instruction_k
