@@ -27,7 +27,7 @@ typedef struct {
     int d0;                 /* bits dropped for normal results */
     int need_tiny;          /* target min normal above the carrier's: fixed subnormal grid below it */
     int qexp;               /* exponent of the target's subnormal quantum, emin - mbits */
-    int mode, saturate, ftz, has_inf, has_nan, signed_zero, is_signed;
+    int mode, saturate, ftz, has_inf, has_nan, signed_zero, is_signed, has_zero;
     int sr_bits;            /* 0: exact stochastic rounding */
     uint64_t tiny_bits, max_bits, minsub_bits, inf_bits, nan_bits, hq_bits;
     double q;               /* the subnormal quantum as a double */
@@ -231,6 +231,12 @@ static inline __attribute__((always_inline)) void NAME##_body(                  
         }                                                                                         \
         if (p->ftz && r < (UT)p->tiny_bits) r = 0;                                                \
         if (!p->is_signed) {                                                                      \
+            if (p->has_zero) {                                                                    \
+                /* rounded as if signed; a negative nonzero result is out of range (IEEE 754   */ \
+                /* 5.8's rule for unsigned integers): NaN. -0 is +0.                           */ \
+                out[i] = (neg && r != 0) ? (UT)p->nan_bits : r;                                   \
+                continue;                                                                         \
+            }                                                                                     \
             if (r == 0 && u != 0) r = (UT)p->tiny_bits;                                           \
             if ((neg && u != 0) || u == 0) r = (UT)p->nan_bits;                                   \
             out[i] = r;                                                                           \
@@ -271,17 +277,61 @@ DEFINE_PASS1(kernel64, uint64_t, SR)
 DEFINE_KERNEL(kernel32, uint32_t, float)
 DEFINE_KERNEL(kernel64, uint64_t, double)
 
+/* Every plan number is checked before any shift or index uses it: a bad plan is a Python exception,
+ * never undefined behaviour (shift counts out of range, a NULL random buffer, a carrier that is not one). */
+static int check_plan(const plan_t *p, unsigned long long tb, unsigned long long mb, unsigned long long qb,
+                      unsigned long long ib, unsigned long long nb, unsigned long long hb)
+{
+    const char *why = NULL;
+    if (!((p->W == 32 && p->M == 23 && p->B == 127) || (p->W == 64 && p->M == 52 && p->B == 1023)))
+        why = "carrier (M, B, W) must be (23, 127, 32) or (52, 1023, 64)";
+    else if (p->mode < RNE || p->mode > SR)
+        why = "mode code must be in 0..6";
+    else if ((p->need_tiny | p->saturate | p->ftz | p->has_inf | p->has_nan | p->signed_zero | p->is_signed |
+              p->has_zero) & ~1)
+        why = "flags must be 0 or 1";
+    else if (p->d0 > p->M || p->d0 < p->M - 52)
+        why = "d0 must be in M-52..M (precision 1..53)";
+    else if (p->sr_bits < 0 || p->sr_bits > (p->W == 32 ? 32 : 52))
+        why = "sr_bits must be in 0..32 (float32 carrier) or 0..52 (float64 carrier)";
+    else if (p->qexp < -1074 || p->qexp > 1023)
+        why = "qexp must be in -1074..1023";
+    else if (p->need_tiny) {
+        /* the carrier exponent field of the target's min normal, as pass 1 computes it */
+        long tinyE = (long)p->qexp + p->M - p->d0 + p->B;
+        if (tinyE < 1 || tinyE >= (1L << (p->W - 1 - p->M)) - 1)
+            why = "need_tiny with a min normal outside the carrier's normal range";
+    }
+    if (!why) {
+        unsigned long long lim = p->W == 32 ? 0x7fffffffULL : 0x7fffffffffffffffULL;
+        unsigned long long inf = p->W == 32 ? 0x7f800000ULL : 0x7ff0000000000000ULL;
+        if (tb > lim || mb > lim || qb > lim || hb > lim || nb > lim || ib != inf || nb <= inf || mb > inf)
+            why = "bit patterns must be sign-free carrier patterns (inf exact, NaN above it, max not above it)";
+        else if (!(p->q > 0.0) || isinf(p->q))
+            why = "q must be a positive finite number";
+    }
+    if (why) {
+        PyErr_Format(PyExc_ValueError, "round_bits: bad plan: %s", why);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *round_bits(PyObject *self, PyObject *args)
 {
     Py_buffer in, out, rnd;
     PyObject *rand_obj;
     plan_t p;
     unsigned long long tb, mb, qb, ib, nb, hb;
-    if (!PyArg_ParseTuple(args, "y*w*O(iiiiiiiiiiiiiiKKKKKKd)", &in, &out, &rand_obj,
+    if (!PyArg_ParseTuple(args, "y*w*O(iiiiiiiiiiiiiiiKKKKKKd)", &in, &out, &rand_obj,
                           &p.M, &p.B, &p.W, &p.d0, &p.need_tiny, &p.qexp, &p.mode, &p.saturate,
-                          &p.ftz, &p.has_inf, &p.has_nan, &p.signed_zero, &p.is_signed, &p.sr_bits,
-                          &tb, &mb, &qb, &ib, &nb, &hb, &p.q))
+                          &p.ftz, &p.has_inf, &p.has_nan, &p.signed_zero, &p.is_signed, &p.has_zero,
+                          &p.sr_bits, &tb, &mb, &qb, &ib, &nb, &hb, &p.q))
         return NULL;
+    if (check_plan(&p, tb, mb, qb, ib, nb, hb) < 0) {
+        PyBuffer_Release(&in); PyBuffer_Release(&out);
+        return NULL;
+    }
     p.tiny_bits = tb; p.max_bits = mb; p.minsub_bits = qb; p.inf_bits = ib; p.nan_bits = nb; p.hq_bits = hb;
     Py_ssize_t isz = p.W / 8;
     Py_ssize_t n = in.len / isz;
@@ -290,11 +340,21 @@ static PyObject *round_bits(PyObject *self, PyObject *args)
         PyBuffer_Release(&in); PyBuffer_Release(&out);
         return NULL;
     }
-    if (out.len < in.len || (have_rand && rnd.len < in.len) || (p.mode == SR && !have_rand) ||
-        (p.W != 32 && p.W != 64)) {
+    const char *why = NULL;
+    if (in.len % isz)
+        why = "input length is not a whole number of carrier words";
+    else if (out.len < in.len)
+        why = "output buffer shorter than the input";
+    else if (p.mode == SR && !have_rand)
+        why = "mode SR needs a random buffer";
+    else if (have_rand && rnd.len < in.len)
+        why = "random buffer shorter than the input";
+    else if (((uintptr_t)in.buf | (uintptr_t)out.buf | (have_rand ? (uintptr_t)rnd.buf : 0)) % (uintptr_t)isz)
+        why = "buffers must be aligned to the carrier width";
+    if (why) {
         PyBuffer_Release(&in); PyBuffer_Release(&out);
         if (have_rand) PyBuffer_Release(&rnd);
-        PyErr_SetString(PyExc_ValueError, "round_bits: inconsistent buffers or plan");
+        PyErr_Format(PyExc_ValueError, "round_bits: %s", why);
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS

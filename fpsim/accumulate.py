@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ._fpenv import ieee_mode
 from ._names import parse_name
 from .arith import Context, _round_to_odd, _two_prod
 from .array import _register_reductions
@@ -58,10 +59,21 @@ def _check_block(block: int | None, order: str) -> int:
 def _normalize_axes(axis: int | Sequence[int] | None, ndim: int) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+
+    def is_int(v: object) -> bool:  # as numpy: ints and 0-d integer arrays, not bools
+        if isinstance(v, np.ndarray):
+            return v.ndim == 0 and v.dtype.kind in "iu"
+        return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+    if is_int(axis):
+        axes: tuple[int, ...] = (int(axis),)  # type: ignore[arg-type]
+    elif isinstance(axis, (tuple, list)) and all(is_int(ax) for ax in axis):
+        axes = tuple(int(ax) for ax in axis)
+    else:  # a float, bool, string or anything else: a wrong kind, not a bad value
+        raise TypeError(f"axis must be None, an int or a tuple of ints, got {type(axis).__name__}: {axis!r}")
     out = []
     for ax in axes:
-        if not isinstance(ax, (int, np.integer)) or not -ndim <= ax < ndim:
+        if not -ndim <= ax < ndim:
             raise ValueError(f"axis {ax!r} is out of bounds for an array of dimension {ndim}")
         out.append(int(ax) % ndim)
     if len(set(out)) != len(out):
@@ -177,6 +189,7 @@ def _result(r: np.ndarray, scalar: bool, keepdims_shape: tuple[int, ...] | None)
     return r
 
 
+@ieee_mode
 def sum(
     x: Any,
     fmt: FormatLike,
@@ -259,6 +272,7 @@ def sum(
     return _result(out.round(np.ascontiguousarray(r)).reshape(rest_shape), False, keep_shape)
 
 
+@ieee_mode
 def dot(
     a: Any,
     b: Any,
@@ -310,6 +324,7 @@ def dot(
     return _result(_dot_core(xr, yr, order, blk, out, acc, bool(fused)), False, None)
 
 
+@ieee_mode
 def matmul(
     a: Any,
     b: Any,

@@ -6,8 +6,10 @@ from typing import Any
 
 import numpy as np
 
+from ._fpenv import ieee_mode
 from .formats import Format, FormatLike, NaNEncoding, as_format
-from .rounding import Overflow, RoundingLike, _as_float_array, round
+from .rounding import (_BLOCK, Overflow, RoundingLike, _as_float_array, _exact_value, _refuse_masked, _round_array,
+                       parse_options, round)
 
 __all__ = ["to_bits", "from_bits", "bits_str", "to_ml_dtypes", "ml_dtype", "code_dtype"]
 
@@ -58,6 +60,7 @@ def _encode(v: np.ndarray, f: Format) -> np.ndarray:
     return code.astype(ct)
 
 
+@ieee_mode
 def to_bits(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, overflow: Overflow | str = "ieee",
             subnormals: bool = True, rng: np.random.Generator | None = None, sr_bits: int | None = None) -> Any:
     """Round ``x`` into ``fmt`` and return the bit patterns (uint8/uint16/uint32/uint64).
@@ -69,12 +72,25 @@ def to_bits(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, overflow
     >>> hex(fpsim.to_bits(1.0, "bf16")), hex(fpsim.to_bits(-2.0, "fp8_e4m3"))
     ('0x3f80', '0xc0')
     """
-    f = as_format(fmt)
-    r = round(x, f, rounding, overflow=overflow, subnormals=subnormals, rng=rng, sr_bits=sr_bits)
-    out = _encode(np.asarray(r, dtype=np.float64), f)
-    return out[()] if out.ndim == 0 else out
+    f, mode, ov = parse_options(fmt, rounding, overflow, subnormals, rng, sr_bits)
+    if np.isscalar(x) and not isinstance(x, (str, bytes, float, np.floating)) and _exact_value(x) is not None:
+        # an int, Fraction or Decimal scalar: round() takes it exactly
+        r = round(x, f, mode, overflow=ov, subnormals=subnormals, rng=rng, sr_bits=sr_bits)
+        return _encode(np.asarray(r, dtype=np.float64), f)[()]
+    a, _ = _as_float_array(x)
+    flat = a.reshape(-1)
+    out: np.ndarray = np.empty(flat.size, dtype=code_dtype(f))
+    srb = None if sr_bits is None else int(sr_bits)
+    # Block by block: the float64 temporaries of the encoding stay a few MiB (not ~20x the input);
+    # SR draws the same random words as one round() call of the whole array.
+    for i in range(0, flat.size, _BLOCK):
+        r = _round_array(flat[i : i + _BLOCK], f, mode, ov, bool(subnormals), rng, srb)
+        out[i : i + _BLOCK] = _encode(r, f)
+    codes = out.reshape(a.shape)
+    return codes[()] if codes.ndim == 0 else codes
 
 
+@ieee_mode
 def from_bits(codes: Any, fmt: FormatLike) -> Any:
     """Decode bit patterns of ``fmt`` into float64 values (exact).
 
@@ -83,9 +99,29 @@ def from_bits(codes: Any, fmt: FormatLike) -> Any:
     (448.0, nan)
     """
     f = as_format(fmt)
+    _refuse_masked(codes, "codes")
     c = np.asarray(codes)
+    if c.dtype.kind == "O":  # Python ints too large for int64: name the first that does not fit
+        for v in c.reshape(-1):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)):
+                raise TypeError(f"codes must be integers, got {type(v).__name__}: {v!r}")
+            if not 0 <= int(v) < 1 << f.width:
+                raise ValueError(f"code {int(v)} does not fit in {f.name}'s {f.width} bits")
+        c = c.astype(np.uint64)
     if c.dtype.kind not in "iu":
         raise TypeError(f"codes must be integers, got dtype {c.dtype}")
+    if c.ndim == 0:
+        return _decode_block(c.reshape(1), f)[0]
+    # Block by block: the decoding's temporaries stay a few MiB (not ~7x the float64 result).
+    flat = c.reshape(-1)
+    out = np.empty(flat.size, dtype=np.float64)
+    for i in range(0, flat.size, _BLOCK):
+        out[i : i + _BLOCK] = _decode_block(flat[i : i + _BLOCK], f)
+    return out.reshape(c.shape)
+
+
+def _decode_block(c: np.ndarray, f: Format) -> np.ndarray:
+    """Values of the 1-d integer codes ``c`` (checked to fit the format's width)."""
     top = np.uint64((1 << f.width) - 1)  # as a Python int first: 1 << 64 does not fit in uint64
     if c.size and (np.any(c < 0) or np.any(c.astype(np.uint64) > top)):
         bad = c[(c < 0) | (c.astype(np.uint64) > top)].ravel()[0]
@@ -98,7 +134,7 @@ def from_bits(codes: Any, fmt: FormatLike) -> Any:
     with np.errstate(over="ignore"):  # the all-ones exponent of inf/NaN codes, replaced below
         mag = _decode_magnitude(ef, mant, f)
     top_ef = (1 << f.ebits) - 1
-    return _finish_decode(c, ef, mant, neg, mag, top_ef, f)
+    return np.asarray(_finish_decode(c, ef, mant, neg, mag, top_ef, f), dtype=np.float64)
 
 
 def _decode_magnitude(ef: np.ndarray, mant: np.ndarray, f: Format) -> np.ndarray:
@@ -129,6 +165,7 @@ def _finish_decode(c: np.ndarray, ef: np.ndarray, mant: np.ndarray, neg: np.ndar
     return v[()] if v.ndim == 0 else v
 
 
+@ieee_mode
 def bits_str(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, sep: str = " ") -> Any:
     """The sign, exponent and mantissa fields of ``x`` rounded into ``fmt``, as strings.
 
@@ -136,6 +173,8 @@ def bits_str(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, sep: st
     >>> fpsim.bits_str(1.0, "bf16")
     '0 01111111 0000000'
     """
+    if not isinstance(sep, str):
+        raise TypeError(f"sep must be a string, got {type(sep).__name__}: {sep!r}")
     f = as_format(fmt)
     codes = np.asarray(to_bits(x, f, rounding))
 
@@ -190,6 +229,7 @@ def ml_dtype(fmt: FormatLike) -> np.dtype:
     return mdt
 
 
+@ieee_mode
 def to_ml_dtypes(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, overflow: Overflow | str = "ieee",
                  subnormals: bool = True, rng: np.random.Generator | None = None, sr_bits: int | None = None) -> np.ndarray:
     """Round ``x`` with fpsim (once, from the exact value) and store it in the ml_dtypes/NumPy dtype of ``fmt``.

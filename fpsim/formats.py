@@ -14,6 +14,7 @@ from typing import Any, Union
 
 import numpy as np
 
+from ._fpenv import ieee_mode
 from ._names import norm_name
 
 __all__ = [
@@ -60,6 +61,15 @@ class NaNEncoding(str, enum.Enum):
 
 def _pow2(e: int) -> float:
     return math.ldexp(1.0, e)
+
+
+def _float_input(x: Any) -> np.ndarray:
+    """``x`` as float64 by the one input rule of the rounding layer (kinds, exactness, byte order)."""
+    from .rounding import _as_float_array  # rounding imports this module
+
+    a, _ = _as_float_array(x)
+    with np.errstate(invalid="ignore"):  # widening a signalling NaN warns; it stays NaN
+        return np.asarray(a, dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -113,10 +123,22 @@ class Format:
     aliases: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        for attr in ("ebits", "mbits"):
+        if not isinstance(self.name, str):
+            raise TypeError(f"Format.name must be a string, got {type(self.name).__name__}: {self.name!r}")
+        if not isinstance(self.aliases, tuple) or not all(isinstance(a, str) for a in self.aliases):
+            raise TypeError(f"Format.aliases must be a tuple of strings, got {self.aliases!r}")
+        for attr in ("ebits", "mbits", "bias"):
             v = getattr(self, attr)
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+            if v is None and attr == "bias":
+                continue
+            if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)):
                 raise TypeError(f"Format.{attr} must be an int, got {v!r}")
+            object.__setattr__(self, attr, int(v))  # NumPy integers would leak into the derived limits
+        for attr in ("has_inf", "signed_zero", "subnormals", "signed", "has_zero"):
+            v = getattr(self, attr)
+            if not isinstance(v, (bool, np.bool_)):
+                raise TypeError(f"Format.{attr} must be a bool, got {v!r}")
+            object.__setattr__(self, attr, bool(v))
         if not 1 <= self.ebits <= 11:
             raise ValueError(f"Format.ebits must be in 1..11, got {self.ebits}")
         if not 0 <= self.mbits <= 52:
@@ -133,6 +155,12 @@ class Format:
             object.__setattr__(self, "signed_zero", False)
         if nan is NaNEncoding.NEG_ZERO and not self.signed:
             raise ValueError("a NEG_ZERO NaN encoding needs a sign bit")
+        if not self.has_zero:
+            if self.signed:
+                raise ValueError(f"format {self.name!r}: a format without zero must be unsigned (signed=False), "
+                                 "as e8m0")
+            # The all-zeros exponent encodes the normal 2**emin: there is no subnormal range.
+            object.__setattr__(self, "subnormals", False)
         if self.has_inf and nan in (NaNEncoding.ALL_ONES, NaNEncoding.NEG_ZERO):
             raise ValueError(f"infinity together with NaN encoding {nan.value!r} is not supported")
         if self.has_inf and self.mbits == 0 and nan is NaNEncoding.IEEE:
@@ -251,6 +279,7 @@ class Format:
         return None
 
     # -- enumeration and neighbours -------------------------------------------------------------
+    @ieee_mode
     def values(self, *, finite: bool = True) -> np.ndarray:
         """Every distinct value of the format in ascending order (formats of up to 16 bits).
 
@@ -271,53 +300,96 @@ class Format:
             v = v[np.isfinite(v)]
         return np.unique(v + 0.0)  # +0.0 folds -0 into 0
 
+    @ieee_mode
     def ulp(self, x: Any) -> Any:
-        """Spacing of the format at ``x``: ``2**(max(floor(log2|x|), emin) - mbits)``.
+        """Spacing of the format at ``x``: ``2**(max(floor(log2|x|), emin) - mbits)``; NaN for NaN and ±inf
+        (as ``numpy.spacing``: no spacing exists there).
 
         >>> import fpsim
-        >>> float(fpsim.bf16.ulp(1.0)), float(fpsim.fp16.ulp(0.0))
-        (0.0078125, 5.960464477539063e-08)
+        >>> float(fpsim.bf16.ulp(1.0)), float(fpsim.fp16.ulp(0.0)), float(fpsim.fp16.ulp(float("nan")))
+        (0.0078125, 5.960464477539063e-08, nan)
         """
-        a = np.abs(np.asarray(x, dtype=np.float64))
+        a = np.abs(_float_input(x))
+        fin = np.isfinite(a)
+        a = np.where(fin, a, 1.0)  # frexp of inf/NaN is meaningless; replaced by NaN below
         with np.errstate(divide="ignore"):
             e = np.where(a > 0, np.frexp(a)[1] - 1, self.emin)
         e = np.clip(e, self.emin, self.emax)
         out = np.ldexp(1.0, (e - self.mbits).astype(np.int32))
         if not self.subnormals:
-            out = np.where(np.abs(np.asarray(x, dtype=np.float64)) < self.min_normal, self.min_normal, out)
+            out = np.where(a < self.min_normal, self.min_normal, out)
+        out = np.where(fin, out, np.nan)
         return out[()] if out.ndim == 0 else out
 
+    @property
+    def _lowest(self) -> float:
+        """The least value: ``-max``, or for an unsigned format 0 (or ``min_normal`` without zero)."""
+        if self.signed:
+            return -self.max
+        return 0.0 if self.has_zero else self.min_normal
+
+    @ieee_mode
     def next_up(self, x: Any) -> Any:
-        """The smallest value of the format greater than ``x`` (``+inf``/NaN past the maximum)."""
+        """The smallest value of the format greater than ``x``.
+
+        IEEE 754 nextUp: ``next_up(-inf)`` is the least finite value (``-max``), ``next_up(max)`` and
+        ``next_up(inf)`` are ``+inf`` (NaN for a format without infinity: no value is greater), NaN gives NaN.
+
+        >>> import fpsim
+        >>> float(fpsim.fp16.next_up(1.0)), float(fpsim.fp16.next_up(-float("inf")))
+        (1.0009765625, -65504.0)
+        """
         from .rounding import round as _round
 
-        xa = np.asarray(x, dtype=np.float64)
-        r = np.asarray(_round(xa, self, "rup"), dtype=np.float64)
-        same = r == xa
-        if np.any(same):
-            step = np.where(
-                r[same] >= 0,
-                self.ulp(r[same]),
-                self._ulp_below(np.abs(r[same])),
-            )
-            bumped = np.asarray(_round(r[same] + step, self, "rne"), dtype=np.float64)
-            r = r.copy()
-            r[same] = np.where(r[same] == 0, self.min_subnormal, bumped)
+        xa = _float_input(x)
+        top = np.inf if self.has_inf else np.nan
+        mid = (xa >= self._lowest) & (xa < self.max)  # False for NaN
+        r = np.where(xa < self._lowest, self._lowest, np.where(xa >= self.max, top, np.nan))
+        if np.any(mid):
+            xm = xa[mid]
+            rm = np.asarray(_round(xm, self, "rup", overflow="saturate"), dtype=np.float64)
+            same = rm == xm
+            if np.any(same):
+                rs = rm[same]
+                step = np.where(rs >= 0, self.ulp(rs), self._ulp_below(np.abs(rs)))
+                bumped = np.asarray(_round(rs + step, self, "rne"), dtype=np.float64)
+                rm[same] = np.where(rs == 0, self.min_subnormal, bumped)
+            if not self.subnormals:  # round() flushes after rounding; the format simply has no values there
+                tiny = (xm != 0) & (np.abs(xm) < self.min_normal)
+                rm[tiny] = np.where(xm[tiny] > 0, self.min_normal, 0.0)
+            r[mid] = rm
         return r[()] if r.ndim == 0 else r
 
+    @ieee_mode
     def next_down(self, x: Any) -> Any:
-        """The largest value of the format less than ``x`` (``-inf``/NaN past the minimum)."""
+        """The largest value of the format less than ``x``.
+
+        IEEE 754 nextDown: ``next_down(inf)`` is ``max``; below the least value the result is ``-inf``
+        (NaN for a format without ``-inf``, unsigned formats included); NaN gives NaN.
+
+        >>> import fpsim
+        >>> float(fpsim.fp16.next_down(1.0)), float(fpsim.fp16.next_down(float("inf")))
+        (0.99951171875, 65504.0)
+        """
         from .rounding import round as _round
 
-        xa = np.asarray(x, dtype=np.float64)
-        r = np.asarray(_round(xa, self, "rdn"), dtype=np.float64)
-        same = r == xa
-        if np.any(same):
-            rs = r[same]
-            step = np.where(rs > 0, self._ulp_below(np.abs(rs)), self.ulp(rs))
-            bumped = np.asarray(_round(rs - step, self, "rne"), dtype=np.float64)
-            r = r.copy()
-            r[same] = np.where(rs == 0, -self.min_subnormal if self.signed else np.nan, bumped)
+        xa = _float_input(x)
+        bottom = -np.inf if (self.has_inf and self.signed) else np.nan
+        mid = (xa > self._lowest) & (xa <= self.max)  # False for NaN
+        r = np.where(xa > self.max, self.max, np.where(xa <= self._lowest, bottom, np.nan))
+        if np.any(mid):
+            xm = xa[mid]
+            rm = np.asarray(_round(xm, self, "rdn", overflow="saturate"), dtype=np.float64)
+            same = rm == xm
+            if np.any(same):
+                rs = rm[same]
+                step = np.where(rs > 0, self._ulp_below(np.abs(rs)), self.ulp(rs))
+                bumped = np.asarray(_round(rs - step, self, "rne"), dtype=np.float64)
+                rm[same] = np.where(rs == 0, -self.min_subnormal, bumped)
+            if not self.subnormals:
+                tiny = (xm != 0) & (np.abs(xm) < self.min_normal)
+                rm[tiny] = np.where(xm[tiny] > 0, 0.0, -self.min_normal)
+            r[mid] = rm
         return r[()] if r.ndim == 0 else r
 
     def _ulp_below(self, a: np.ndarray) -> np.ndarray:

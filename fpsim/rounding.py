@@ -14,12 +14,19 @@ Large arrays are processed in cache-sized chunks.
 
 from __future__ import annotations
 
+import copy
+import decimal
 import enum
-from dataclasses import dataclass
+import fractions
+import math
+import os
+import sys
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar, Union
 
 import numpy as np
 
+from ._fpenv import ieee_mode
 from ._names import parse_name
 from .formats import Format, FormatLike, as_format
 
@@ -36,6 +43,9 @@ __all__ = [
 ]
 
 _CHUNK = 1 << 15  # elements per chunk: a few 256 KiB temporaries stay in L2
+# Elements per block of the entry points that work block by block (to_bits, analyze): bounds their
+# temporaries to a few MiB. Even, so that SR assigns every element the random word one round() call would.
+_BLOCK = 1 << 16
 
 
 class Rounding(str, enum.Enum):
@@ -104,7 +114,8 @@ def parse_options(fmt: FormatLike, rounding: RoundingLike, overflow: Overflow | 
             raise ValueError("rounding='sr' needs rng=numpy.random.default_rng(seed)")
         if not isinstance(rng, np.random.Generator):
             raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
-        if sr_bits is not None and (not isinstance(sr_bits, (int, np.integer)) or not 1 <= sr_bits <= 52):
+        if sr_bits is not None and (not isinstance(sr_bits, (int, np.integer)) or isinstance(sr_bits, (bool, np.bool_))
+                                    or not 1 <= sr_bits <= 52):
             raise ValueError(f"sr_bits must be an int in 1..52 or None, got {sr_bits!r}")
     elif sr_bits is not None:
         raise ValueError(f"sr_bits applies only to rounding='sr', got rounding={mode.value!r}")
@@ -292,16 +303,16 @@ def _special(u_in: np.ndarray, u_r: np.ndarray, neg: np.ndarray, pl: _Plan) -> A
     return np.where(u_in > ut(pl.inf_bits), ut(pl.nan_bits), out).astype(ut)
 
 
-def _kernel(bits: np.ndarray, pl: _Plan, rng: np.random.Generator | None) -> Any:
-    """Round one chunk of carrier bit patterns; returns new bit patterns."""
+def _kernel(bits: np.ndarray, pl: _Plan, rng: np.random.Generator | None, rand: np.ndarray | None = None) -> Any:
+    """Round one chunk of carrier bit patterns; returns new bit patterns. SR draws its random words
+    from ``rng`` unless they are given as ``rand``."""
     c = pl.c
     ut = c.utype
     sign_bit = ut(1 << (c.W - 1))
     sign = bits & sign_bit
     u = bits ^ sign
     neg = sign != 0
-    rand = None
-    if pl.mode is Rounding.SR:
+    if pl.mode is Rounding.SR and rand is None:
         assert rng is not None
         rand = _random_words(rng, u.size, c)
     if pl.d0 >= 1:
@@ -318,6 +329,11 @@ def _kernel(bits: np.ndarray, pl: _Plan, rng: np.random.Generator | None) -> Any
     fmt = pl.fmt
     if not pl.subnormals:
         r[(r < ut(pl.tiny_bits)) & (r != 0)] = 0
+    if not fmt.signed and fmt.has_zero:
+        # Unsigned with zero: rounded as if signed; a negative nonzero result is out of range (IEEE 754
+        # 5.8's rule for unsigned integers): NaN. -0 is +0.
+        r[neg & (r != 0)] = ut(pl.nan_bits)
+        return r
     if not fmt.signed:
         # e8m0: no sign, no zero. Negative values and zero have no representation: NaN (as ml_dtypes);
         # positive values that round to 0 go to the smallest value.
@@ -337,6 +353,72 @@ def _kernel(bits: np.ndarray, pl: _Plan, rng: np.random.Generator | None) -> Any
 # Input handling
 
 _MAX_EXACT_INT = 2**53
+_EXACT_HINT = " (fpsim.round rounds an int, Fraction or Decimal scalar exactly)"
+
+
+def _exact_value(v: object) -> fractions.Fraction | float | None:
+    """The exact value of an int (not bool), Fraction or Decimal as a Fraction (a float for a
+    non-finite Decimal); None for anything else."""
+    if isinstance(v, (bool, np.bool_, np.timedelta64)):  # timedelta64 subclasses np.signedinteger
+        return None
+    if isinstance(v, (int, np.integer)):
+        return fractions.Fraction(int(v))
+    if isinstance(v, fractions.Fraction):
+        return v
+    if isinstance(v, decimal.Decimal):
+        if v.is_nan():
+            return math.nan
+        if v.is_infinite():
+            return -math.inf if v.is_signed() else math.inf
+        if v.is_zero():
+            return -0.0 if v.is_signed() else 0.0
+        # Decimal('1e999999999') would be a billion-digit integer. Every format lies inside
+        # (10**-400, 10**400) with its smallest subnormal above 2 * 10**-400, so a value beyond rounds
+        # in every mode exactly as the bound does.
+        sign = -1 if v.is_signed() else 1
+        if v.adjusted() > 400:
+            return fractions.Fraction(sign * 10**400)
+        if v.adjusted() < -400:
+            return fractions.Fraction(sign, 10**400)
+        return fractions.Fraction(v)
+    return None
+
+
+def _exact_float(q: fractions.Fraction | float) -> float | None:
+    """``q`` as a float64 when that is exact, else None."""
+    if isinstance(q, float):
+        return q
+    try:
+        f = q.numerator / q.denominator  # int true division: correctly rounded
+    except OverflowError:
+        return None
+    return f if fractions.Fraction(f) == q else None
+
+
+def _object_to_float(a: np.ndarray, name: str) -> np.ndarray:
+    """An object array of floats, ints, Fractions and Decimals as float64, exactly or not at all."""
+    out = np.empty(a.shape, dtype=np.float64)
+    flat = out.reshape(-1)
+    for i, v in enumerate(a.reshape(-1)):
+        if isinstance(v, (float, np.floating)) and not isinstance(v, np.longdouble):
+            flat[i] = v
+            continue
+        q = _exact_value(v)
+        if q is None:
+            raise TypeError(f"{name} must be a real number or array of them, got {type(v).__name__}: {v!r}")
+        f = _exact_float(q)
+        if f is None:
+            raise ValueError(f"{name}: {v!r} cannot be held exactly in float64{_EXACT_HINT}")
+        flat[i] = f
+    return out
+
+
+def _refuse_masked(x: object, name: str) -> None:
+    """Masked arrays are refused rather than honoured: every result and reduction would need a mask rule
+    of its own, and dropping the mask (what np.asarray does) silently rounds the hidden values as data."""
+    ma = sys.modules.get("numpy.ma")  # no masked array can exist before numpy.ma is imported
+    if ma is not None and isinstance(x, ma.MaskedArray):
+        raise TypeError(f"{name}: masked arrays are not supported; pass {name}.filled(value) or {name}.compressed()")
 
 
 def _as_float_array(x: Any, name: str = "x") -> tuple[np.ndarray, bool]:
@@ -347,7 +429,8 @@ def _as_float_array(x: Any, name: str = "x") -> tuple[np.ndarray, bool]:
     scalar = np.isscalar(x)
     if isinstance(x, (bool, np.bool_)):
         raise TypeError(f"{name} must be numeric, got a bool: {x!r}")
-    if isinstance(x, (str, bytes)):
+    _refuse_masked(x, name)
+    if isinstance(x, (str, bytes, bytearray)):
         raise TypeError(f"{name} must be numeric, got {type(x).__name__}: {x!r}")
     if isinstance(x, (complex, np.complexfloating)):
         raise TypeError(f"{name} must be real, got a complex value: {x!r}")
@@ -358,23 +441,37 @@ def _as_float_array(x: Any, name: str = "x") -> tuple[np.ndarray, bool]:
     if k == "f":
         if a.dtype.itemsize > 8:
             raise TypeError(f"{name}: {a.dtype} input is not supported (float16, float32, float64 are)")
-        if a.dtype == np.float32 or a.dtype == np.float64:
+        if a.dtype.itemsize in (4, 8):  # float32/float64 of either byte order: native order, same width
             return a.astype(a.dtype.newbyteorder("="), copy=False), scalar
         return a.astype(np.float64), scalar  # float16: exact
     if k == "V":
+        if a.dtype.names is not None:  # a structured array would be read as its first field
+            raise TypeError(f"{name} must be a real number or array of them, got structured dtype {a.dtype}")
         # ml_dtypes types (kind 'V' in NumPy): every one widens exactly to float64.
         try:
             return a.astype(np.float64), scalar
         except (TypeError, ValueError):
             raise TypeError(f"{name}: cannot convert dtype {a.dtype} to float") from None
     if k in "iu":
+        f = a.astype(np.float64)
         if a.size and np.iinfo(a.dtype).max > _MAX_EXACT_INT:
             lim = a.dtype.type(_MAX_EXACT_INT)  # compare as integers: exact
             big = (a > lim) | (a < -lim) if k == "i" else a > lim
             if np.any(big):
-                bad = a[big].ravel()[0]
-                raise ValueError(f"{name}: integer {int(bad)} exceeds 2**53 in magnitude and cannot be held exactly")
-        return a.astype(np.float64), scalar
+                ab, fb = a[big], f[big]
+                # exact iff the float64 converts back to the same integer; one at or past the type's
+                # range (2**63, 2**64 after rounding up) cannot equal it
+                ok = (fb < 2.0**63) & (fb >= -(2.0**63)) if k == "i" else fb < 2.0**64
+                back = np.zeros_like(ab)
+                back[ok] = fb[ok].astype(a.dtype)
+                inexact = ~ok | (back != ab)
+                if np.any(inexact):
+                    bad = int(ab[inexact][0])
+                    raise ValueError(f"{name}: integer {bad} exceeds 2**53 in magnitude and cannot be held exactly "
+                                     f"in float64{_EXACT_HINT}")
+        return f, scalar
+    if k == "O":
+        return _object_to_float(a, name), scalar
     if k == "b":
         raise TypeError(f"{name} must be numeric, got a boolean array")
     if k == "c":
@@ -399,16 +496,21 @@ def _c_params(pl: _Plan) -> tuple[Any, ...]:
     return (
         pl.c.M, pl.c.B, pl.c.W, pl.d0, int(pl.need_tiny), f.emin - f.mbits, _MODE_CODE[pl.mode],
         int(pl.overflow is Overflow.SATURATE), int(not pl.subnormals), int(f.has_inf), int(f.has_nan),
-        int(f.signed_zero), int(f.signed), pl.sr_bits or 0,
+        int(f.signed_zero), int(f.signed), int(f.has_zero), pl.sr_bits or 0,
         pl.tiny_bits, pl.max_bits, pl.minsub_bits, pl.inf_bits, pl.nan_bits, hq, q,
     )
 
 
 def _random_words(rng: np.random.Generator, n: int, c: _Carrier) -> np.ndarray:
-    """n uniform carrier-width random words (the same stream for the C and NumPy kernels)."""
-    if c.W == 64:
-        return rng.bit_generator.random_raw(n).astype(np.uint64, copy=False)
-    return rng.bit_generator.random_raw((n + 1) // 2).view(np.uint32)[:n]
+    """n uniform carrier-width random words (the same stream for the C and NumPy kernels).
+
+    The generator's full 64-bit words (``next_uint64``: what ``random_raw`` gives for PCG64, Philox and
+    SFC64, bit for bit). ``random_raw`` itself is not used: a 32-bit generator (MT19937) returns its words
+    in the low half, so SR in the float64 carrier never rounded up and half the float32 words were zero.
+    """
+    m = n if c.W == 64 else (n + 1) // 2
+    words = rng.integers(0, 2**64 - 1, size=m, dtype=np.uint64, endpoint=True)  # the full range: next_uint64
+    return words if c.W == 64 else words.view(np.uint32)[:n]
 
 
 use_c_kernel = _ckernel is not None
@@ -423,6 +525,16 @@ _PARALLEL_MIN = 1 << 20  # below this, starting threads costs more than it saves
 _POOL: Any = None
 
 
+def _reset_pool_after_fork() -> None:
+    # A forked child inherits the pool object but not its threads: submitting to it would wait forever.
+    global _POOL
+    _POOL = None
+
+
+if hasattr(os, "register_at_fork"):  # POSIX only
+    os.register_at_fork(after_in_child=_reset_pool_after_fork)
+
+
 def _pool(workers: int) -> Any:
     global _POOL
     if _POOL is None or _POOL._max_workers != workers:
@@ -435,8 +547,6 @@ def _pool(workers: int) -> Any:
 def _run_c_kernel(sb: np.ndarray, res: np.ndarray, pl: _Plan, rng: np.random.Generator | None) -> None:
     """The compiled kernel over blocks of 256K elements (it releases the GIL, so large arrays are shared
     among threads)."""
-    import os
-
     assert _ckernel is not None
     params = _c_params(pl)
     step = _CHUNK * 8
@@ -458,6 +568,19 @@ def _run_c_kernel(sb: np.ndarray, res: np.ndarray, pl: _Plan, rng: np.random.Gen
         fut.result()
 
 
+def _carrier_for(dtype: np.dtype, fmt: Format, mode: Rounding, sr_bits: int | None) -> _Carrier:
+    """The carrier a native float32/float64 array is rounded in.
+
+    float32 stays in the float32 carrier when the format fits it, except for SR with more than 32
+    random bits: a float32 carrier has 32-bit random words, so those go through float64 (exact there:
+    the float32 remainder has its low 29 carrier bits clear), with the same float32 result dtype.
+    """
+    if dtype == np.float32 and fmt.fits_float32 and fmt.emin >= -126:
+        if not (mode is Rounding.SR and sr_bits is not None and sr_bits > _F32.W):
+            return _F32
+    return _F64
+
+
 def _round_array(a: np.ndarray, fmt: Format, mode: Rounding, overflow: Overflow, subnormals: bool,
                  rng: np.random.Generator | None, sr_bits: int | None) -> np.ndarray:
     """Round a native float32/float64 array; result dtype float32 iff the input is float32 and the
@@ -468,13 +591,8 @@ def _round_array(a: np.ndarray, fmt: Format, mode: Rounding, overflow: Overflow,
 
 def _round_array_impl(a: np.ndarray, fmt: Format, mode: Rounding, overflow: Overflow, subnormals: bool,
                       rng: np.random.Generator | None, sr_bits: int | None) -> np.ndarray:
-    if a.dtype == np.float32 and fmt.fits_float32 and fmt.emin >= -126:
-        c = _F32
-    else:
-        c = _F64
-        if a.dtype == np.float32 and not fmt.fits_float32:
-            a = a.astype(np.float64)
-    out_dtype = a.dtype
+    c = _carrier_for(a.dtype, fmt, mode, sr_bits)
+    out_dtype = np.dtype(np.float32) if a.dtype == np.float32 and fmt.fits_float32 else np.dtype(np.float64)
     pl = _plan(c, fmt, mode, overflow, subnormals, sr_bits)
     src = np.ascontiguousarray(a).reshape(-1)
     if src.dtype != c.ftype:
@@ -492,6 +610,20 @@ def _round_array_impl(a: np.ndarray, fmt: Format, mode: Rounding, overflow: Over
     return out.reshape(a.shape)
 
 
+def _round_exact_scalar(x: object, q: fractions.Fraction | float, f: Format, mode: Rounding, ov: Overflow,
+                        subnormals: bool) -> np.float64:
+    """An int, Fraction or Decimal that no float64 holds, rounded once from its exact value."""
+    if mode is Rounding.SR:
+        # SR is defined by random bits added to a finite carrier, which an exact rational does not have.
+        raise ValueError(f"x: {x!r} cannot be held exactly in float64, and rounding='sr' needs a float64 "
+                         "carrier; round it with a deterministic mode or pass a float")
+    from ._exact import round_rational  # imports this module: loaded on first use
+
+    r: np.float64 = np.float64(round_rational(q, f, mode, ov, subnormals))
+    return r
+
+
+@ieee_mode
 def round(
     x: Any,
     fmt: FormatLike,
@@ -507,8 +639,10 @@ def round(
     Parameters
     ----------
     x : array_like or scalar
-        float16/float32/float64, ml_dtypes or integer values (integers must not exceed 2**53 in
-        magnitude). Never modified.
+        float16/float32/float64 (either byte order), ml_dtypes or integer values. A scalar int,
+        ``fractions.Fraction`` or ``decimal.Decimal`` is rounded from its exact value; in an array, an
+        integer (or Fraction, Decimal) that no float64 holds exactly raises ``ValueError`` naming it.
+        Masked arrays raise ``TypeError``. Never modified.
     fmt : Format or str
         Target format (``"bf16"``, ``fpsim.fp8_e4m3``, ``"float8_e4m3fn"``, ...).
     rounding : {"rne", "rna", "rtz", "rup", "rdn", "rto", "sr"}
@@ -545,6 +679,10 @@ def round(
     """
     f, mode, ov = parse_options(fmt, rounding, overflow, subnormals, rng, sr_bits)
     is_scalar = np.isscalar(x) and not isinstance(x, (str, bytes))
+    if is_scalar and not isinstance(x, (float, np.floating)):
+        q = _exact_value(x)
+        if q is not None and _exact_float(q) is None:  # no float64 holds it: round the exact value
+            return _round_exact_scalar(x, q, f, mode, ov, bool(subnormals))
     a, _ = _as_float_array(x)
     out = _round_array(a, f, mode, ov, bool(subnormals), rng, None if sr_bits is None else int(sr_bits))
     if is_scalar or out.ndim == 0:
@@ -556,14 +694,18 @@ def round(
 # Reports
 
 
+_COUNT_FIELDS = ("exact", "inexact", "underflow", "subnormal", "overflow", "nan")
+
+
 @dataclass(frozen=True)
 class RoundingReport:
     """What rounding an array into a format did to it (see :func:`analyze`).
 
     Counts are over elements: ``underflow`` = nonzero finite inputs that became ±0; ``subnormal`` =
-    nonzero results below the format's min normal; ``overflow`` = finite inputs that became infinite,
-    NaN or the saturated ±max from beyond it; ``nan`` = NaN results. Errors are over finite results of
-    finite inputs.
+    nonzero results below the format's min normal; ``overflow`` = finite inputs that overflow in the
+    IEEE 754 §7.4 sense (rounded as if the exponent range were unbounded, the result exceeds ``max``;
+    they become ±inf, NaN or ±max by the overflow policy: 65505 → 65504 in fp16 is no overflow);
+    ``nan`` = NaN results. Errors are over finite results of finite inputs.
     """
 
     format: str
@@ -579,8 +721,17 @@ class RoundingReport:
     max_rel_error: float
 
     def fraction(self, field: str) -> float:
-        """A count as a fraction of ``total`` (0.0 for an empty input)."""
-        v = getattr(self, field)
+        """A count as a fraction of ``total`` (0.0 for an empty input).
+
+        ``field`` is one of ``exact, inexact, underflow, subnormal, overflow, nan`` (``ValueError``
+        listing them otherwise).
+
+        >>> import fpsim
+        >>> fpsim.analyze([1.0, 1e-9], "fp16").fraction("underflow")
+        0.5
+        """
+        name = parse_name(field, _COUNT_FIELDS, "report field")
+        v = getattr(self, name)
         return float(v) / self.total if self.total else 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -600,6 +751,7 @@ class RoundingReport:
         )
 
 
+@ieee_mode
 def analyze(
     x: Any,
     fmt: FormatLike,
@@ -612,40 +764,76 @@ def analyze(
 ) -> RoundingReport:
     """Round ``x`` into ``fmt`` and count what happened (exact, underflow, subnormal, overflow, NaN).
 
+    Works block by block: extra memory stays a few MiB, whatever the size of ``x``.
+
     >>> import fpsim, numpy as np
     >>> r = fpsim.analyze(np.array([1.0, 1e-9, 7e4, 0.1]), "fp16")
     >>> r.underflow, r.overflow, r.exact
     (1, 1, 1)
+    >>> fpsim.analyze([65505.0], "fp16").overflow   # rounds to 65504: no overflow
+    0
     """
-    f = as_format(fmt)
+    f, mode, ov = parse_options(fmt, rounding, overflow, subnormals, rng, sr_bits)
+    srb = None if sr_bits is None else int(sr_bits)
     a, _ = _as_float_array(x)
-    a = a.astype(np.float64, copy=False).reshape(-1)
-    r = np.asarray(
-        round(a, f, rounding, overflow=overflow, subnormals=subnormals, rng=rng, sr_bits=sr_bits),
-        dtype=np.float64,
-    ).reshape(-1)
-    fin_in = np.isfinite(a)
-    fin_out = np.isfinite(r)
-    nz_in = fin_in & (a != 0)
-    exact = (r == a) | (np.isnan(r) & np.isnan(a))
-    underflow = nz_in & (r == 0)
-    absr = np.abs(r)
-    subn = fin_out & (r != 0) & (absr < f.min_normal)
-    over = fin_in & (~fin_out | ((absr == f.max) & (np.abs(a) > f.max)))
-    ok = fin_in & fin_out
-    err = np.abs(r[ok] - a[ok])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rel = np.where(a[ok] != 0, err / np.abs(a[ok]), 0.0)
+    flat = a.reshape(-1)
+    counts = dict.fromkeys(("exact", "underflow", "subnormal", "overflow", "nan"), 0)
+    max_abs = max_rel = 0.0
+    for i in range(0, flat.size, _BLOCK):
+        blk = flat[i : i + _BLOCK]
+        state = rng.bit_generator.state if mode is Rounding.SR and rng is not None else None
+        r = _round_array(blk, f, mode, ov, bool(subnormals), rng, srb).astype(np.float64, copy=False)
+        with np.errstate(invalid="ignore"):  # widening a signalling NaN warns; it stays NaN
+            b = blk.astype(np.float64, copy=False)
+        fin_in = np.isfinite(b)
+        fin_out = np.isfinite(r)
+        nz_in = fin_in & (b != 0)
+        r_nan = np.isnan(r)
+        counts["exact"] += int(np.count_nonzero((r == b) | (r_nan & np.isnan(b))))
+        counts["underflow"] += int(np.count_nonzero(nz_in & (r == 0)))
+        counts["subnormal"] += int(np.count_nonzero(fin_out & (r != 0) & (np.abs(r) < f.min_normal)))
+        counts["nan"] += int(np.count_nonzero(r_nan))
+        beyond = fin_in & (np.abs(b) > f.max)  # only these can overflow (usually none)
+        if np.any(beyond):
+            counts["overflow"] += int(np.count_nonzero(_overflows(blk, beyond, f, mode, bool(subnormals), srb,
+                                                                  rng, state)))
+        ok = fin_in & fin_out
+        if np.any(ok):
+            err = np.abs(r[ok] - b[ok])
+            with np.errstate(divide="ignore", invalid="ignore"):
+                rel = np.where(b[ok] != 0, err / np.abs(b[ok]), 0.0)
+            max_abs = max(max_abs, float(err.max()))
+            max_rel = max(max_rel, float(rel.max()))
     return RoundingReport(
         format=f.name,
-        rounding=as_rounding(rounding).value,
-        total=int(a.size),
-        exact=int(np.count_nonzero(exact)),
-        inexact=int(a.size - np.count_nonzero(exact)),
-        underflow=int(np.count_nonzero(underflow)),
-        subnormal=int(np.count_nonzero(subn)),
-        overflow=int(np.count_nonzero(over)),
-        nan=int(np.count_nonzero(np.isnan(r))),
-        max_abs_error=float(err.max()) if err.size else 0.0,
-        max_rel_error=float(rel.max()) if rel.size else 0.0,
+        rounding=mode.value,
+        total=int(flat.size),
+        exact=counts["exact"],
+        inexact=int(flat.size) - counts["exact"],
+        underflow=counts["underflow"],
+        subnormal=counts["subnormal"],
+        overflow=counts["overflow"],
+        nan=counts["nan"],
+        max_abs_error=max_abs,
+        max_rel_error=max_rel,
     )
+
+
+def _overflows(blk: np.ndarray, sel: np.ndarray, f: Format, mode: Rounding, subnormals: bool,
+               sr_bits: int | None, rng: np.random.Generator | None, state: Any) -> np.ndarray:
+    """Which of ``blk[sel]`` overflow (IEEE 754 7.4): rounded as if the exponent range were unbounded,
+    the result exceeds ``max``. The kernel's own rounding, with the overflow fix-up moved out to the
+    carrier's limit; for SR the block's random words are drawn again from the saved generator state."""
+    c = _carrier_for(blk.dtype, f, mode, sr_bits)
+    pl = replace(_plan(c, f, mode, Overflow.SATURATE, subnormals, sr_bits),
+                 max_bits=c.bits_of(float(np.finfo(c.ftype).max)))
+    rand = None
+    if mode is Rounding.SR:
+        assert rng is not None
+        g = np.random.Generator(copy.deepcopy(rng.bit_generator))  # any BitGenerator type, no reseeding
+        g.bit_generator.state = state
+        rand = _random_words(g, blk.size, c)[sel]
+    bits = np.ascontiguousarray(blk[sel], dtype=c.ftype).view(c.utype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        v = np.asarray(_kernel(bits, pl, None, rand)).view(c.ftype).astype(np.float64)
+    return np.asarray(np.abs(v) > f.max)

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from ..bits import bits_str, to_bits
 from ..formats import Format, FormatLike, as_format, bf16, fp16, fp32
 from ..rounding import Overflow, Rounding, RoundingLike, as_overflow, as_rounding
@@ -132,6 +133,7 @@ def _ordinal(v: np.ndarray, f: Format) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return whole, frac, extra
 
 
+@ieee_mode
 def ulp_distance(a: Any, b: Any, fmt: FormatLike) -> Any:
     """Signed distance ``a - b`` in units of the spacing of ``fmt``, counted across zero and subnormals.
 
@@ -305,6 +307,7 @@ def _pair(a: Any, b: Any, na: str, nb: str) -> tuple[np.ndarray, np.ndarray, np.
     return va, vb, sa, sb
 
 
+@ieee_mode
 def assert_rounded(
     actual: Any,
     x: Any,
@@ -451,6 +454,7 @@ def _report_pairs(title: str, err_msg: str, act: np.ndarray, exp: np.ndarray, ok
     return "\n".join(lines)
 
 
+@ieee_mode
 def assert_ulp_close(actual: Any, expected: Any, fmt: FormatLike, *, max_ulp: float = 0, err_msg: str = "") -> None:
     """Assert ``|ulp_distance(actual, expected, fmt)| <= max_ulp`` elementwise (NaN matches NaN).
 
@@ -487,6 +491,7 @@ def assert_ulp_close(actual: Any, expected: Any, fmt: FormatLike, *, max_ulp: fl
                                        dist))
 
 
+@ieee_mode
 def assert_same_bits(a: Any, b: Any, fmt: FormatLike, *, err_msg: str = "") -> None:
     """Assert that ``a`` and ``b`` hold the same codes of ``fmt``, elementwise.
 
@@ -512,6 +517,7 @@ def assert_same_bits(a: Any, b: Any, fmt: FormatLike, *, err_msg: str = "") -> N
     raise AssertionError(_report_pairs(f"bit patterns differ in {f.name}", err_msg, va, vb, ok, f, None))
 
 
+@ieee_mode
 def assert_matmul_matches(
     actual: Any,
     A: Any,
@@ -556,3 +562,12 @@ def assert_matmul_matches(
             raise AssertionError(_report_pairs(what, err_msg, act, exp, ok, f, dist))
     else:
         assert_ulp_close(act, exp, f, max_ulp=max_ulp, err_msg=(err_msg + "\n" if err_msg else "") + what)
+
+
+def __getattr__(name: str) -> Any:
+    """``fpsim.testing.strategies`` is reachable as an attribute, imported (with hypothesis) on first use."""
+    if name == "strategies":
+        import importlib
+
+        return importlib.import_module(f"{__name__}.strategies")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
