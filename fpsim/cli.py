@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import os
 import sys
-from typing import Callable
+from fractions import Fraction
+from typing import Any, Callable, NoReturn
 
 import numpy as np
 
-__all__ = ["main"]
+from ._cliargs import flag_value as _flag
+from ._cliargs import nonneg_int
+from ._exact import decimal_str, fraction_str, parse_decimal, round_rational
+
+__all__ = ["main", "round_result", "ROUND_JSON_KEYS"]
 
 
 def _fmt_num(v: float | None) -> str:
@@ -24,7 +32,8 @@ def cmd_formats(args: argparse.Namespace) -> int:
     rows = []
     for f in all_formats():
         d = f.describe()
-        rows.append([str(d[c]) if c in ("name", "bits", "layout", "bias", "inf", "nan") else _fmt_num(d[c]) for c in cols])
+        rows.append([str(d[c]) if c in ("name", "bits", "layout", "bias", "inf", "nan") else _fmt_num(d[c])
+                     for c in cols])
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
     print("  ".join("-" * w for w in widths))
@@ -33,29 +42,160 @@ def cmd_formats(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_round(args: argparse.Namespace) -> int:
+# Keys of ``fpsim round --json`` (documented in docs/getting-started.md; stable: new keys may be added, none removed).
+ROUND_JSON_KEYS = ("input", "value", "value_fraction", "float64", "format", "rounding", "overflow", "seed",
+                   "rounded", "rounded_exact", "rounded_hex", "bits", "code", "exact", "error", "error_fraction",
+                   "relative_error")
+
+
+def _nearest_float64(q: Fraction | float) -> float:
+    if isinstance(q, float):
+        return q
+    try:
+        return float(q)  # int / int: correctly rounded
+    except OverflowError:
+        return -math.inf if q < 0 else math.inf
+
+
+def _to_float(q: Fraction) -> float | None:
+    """q as the nearest float64, None beyond float64's range (JSON has no infinity)."""
+    try:
+        return float(q)
+    except OverflowError:
+        return None
+
+
+def _approx(q: Fraction) -> str:
+    """Three significant digits of any nonnegative rational, however large or small (``5.96e+392``)."""
+    if q == 0:
+        return "0"
+    n, d = q.numerator, q.denominator
+    e = int((n.bit_length() - d.bit_length()) * 0.30103)  # log10, within one
+    for _ in range(4):
+        t = e - 2  # v = round(q / 10**t) should have three digits
+        v = Fraction(n, d * 10**t) if t >= 0 else Fraction(n * 10**-t, d)
+        r = round(v)
+        if r >= 1000:
+            e += 1
+        elif r < 100:
+            e -= 1
+        else:
+            break
+    txt = f"{r / 100:.2f}e{e:+d}"
+    return f"{float(q):.3g}" if -300 < e < 300 else txt
+
+
+def _short(s: str, limit: int = 60) -> str:
+    """A long exact string abbreviated for the text output (``--json`` always has all digits)."""
+    if len(s) <= limit:
+        return s
+    return f"{s[:24]}...{s[-12:]} ({len(s)} characters; --json has all)"
+
+
+def round_result(text: str, fmt: str, rounding: str, overflow: str, seed: str | None = None) -> dict[str, Any]:
+    """What ``fpsim round`` computes, as the dict ``--json`` prints (keys: :data:`ROUND_JSON_KEYS`).
+
+    Every argument is the command-line text; a bad one raises ``ValueError`` naming its flag.
+
+    >>> d = round_result("1.00048828125000000001", "fp16", "rne", "ieee")
+    >>> d["rounded"], d["code"], d["error"]
+    ('1.0009765625', '0x3C01', '0.00048828124999999999')
+    """
+    return _round(text, fmt, rounding, overflow, seed)[0]
+
+
+def _round(text: str, fmt: str, rounding: str, overflow: str,
+           seed: str | None) -> tuple[dict[str, Any], Fraction | float, float]:
     from .bits import bits_str, to_bits
     from .formats import as_format
+    from .rounding import Rounding, as_overflow, as_rounding
     from .rounding import round as fround
 
-    fmt = as_format(args.format)
-    try:
-        x = float(args.value)
-    except ValueError:
-        print(f"fpsim round: not a number: {args.value!r}", file=sys.stderr)
-        return 2
-    rng = np.random.default_rng(args.seed) if args.rounding == "sr" else None
-    r = float(fround(x, fmt, args.rounding, overflow=args.overflow, rng=rng))
-    code = int(to_bits(r, fmt))
-    err = r - x if np.isfinite(r) else float("nan")
-    rel = abs(err) / abs(x) if x != 0 and np.isfinite(err) else 0.0
-    print(f"input     {x!r}  ({x.hex()})")
-    print(f"format    {fmt.name}  rounding {args.rounding}  overflow {args.overflow}")
-    print(f"rounded   {r!r}")
-    print(f"bits      {bits_str(r, fmt)}")
-    print(f"hex       0x{code:0{(fmt.width + 3) // 4}X}")
-    print(f"error     {err:.6g} (relative {rel:.3g})")
+    f = _flag("--format", as_format, fmt)
+    mode = _flag("--rounding", as_rounding, rounding)
+    ov = _flag("--overflow", as_overflow, overflow)
+    sd = None if seed is None else _flag("--seed", nonneg_int, seed)
+    q = _flag("value", parse_decimal, text)
+    finite = not isinstance(q, float) or math.isfinite(q)
+    x64 = _nearest_float64(q)
+    rng = np.random.default_rng(sd or 0) if mode is Rounding.SR else None
+    r = round_rational(q, f, mode, ov, True, rng=rng)
+    code = int(to_bits(r, f))
+    res: dict[str, Any] = {
+        "input": text.strip(),
+        "value": decimal_str(q) if finite else repr(q),
+        "value_fraction": decimal_str(q) if isinstance(q, float) else fraction_str(q),
+        "float64": repr(x64),
+        "format": f.name,
+        "rounding": mode.value,
+        "overflow": ov.value,
+        "seed": (sd or 0) if mode is Rounding.SR else None,
+        "rounded": repr(r),
+        "rounded_exact": decimal_str(r),
+        "rounded_hex": r.hex(),
+        "bits": str(bits_str(r, f)),
+        "code": f"0x{code:0{(f.width + 3) // 4}X}",
+        "exact": None, "error": None, "error_fraction": None, "relative_error": None,
+    }
+    if finite and math.isfinite(r):
+        qf = Fraction(q)
+        err = Fraction(r) - qf
+        res["exact"] = err == 0
+        res["error"] = decimal_str(err)
+        res["error_fraction"] = fraction_str(err)
+        res["relative_error"] = _to_float(abs(err) / abs(qf)) if qf != 0 else 0.0
+    else:  # nan in, or an infinity/nan out: exact only when the same special value comes back
+        res["exact"] = (not finite) and (repr(r) == repr(q))
+    return res, q, r
+
+
+def cmd_round(args: argparse.Namespace) -> int:
+    d, q, r = _round(args.value, args.format, args.rounding, args.overflow, args.seed)
+    if args.json:
+        print(json.dumps(d, indent=1))
+        return 0
+    finite = not isinstance(q, float) or math.isfinite(q)
+    extra = "  (no finite decimal expansion)" if d["value"] is None else ""
+    x64 = float(d["float64"])
+    if finite and (not math.isfinite(x64) or Fraction(q) != Fraction(x64)):
+        extra += f"  (not a float64; nearest float64 {d['float64']})"
+    print(f"input     {_short(d['input'])}")
+    print(f"exact     {_short(d['value'] if d['value'] is not None else d['value_fraction'])}{extra}")
+    print(f"format    {d['format']}  rounding {d['rounding']}  overflow {d['overflow']}"
+          + (f"  seed {d['seed']}" if d["seed"] is not None else ""))
+    print(f"rounded   {d['rounded']}  ({d['rounded_hex']})")
+    print(f"bits      {d['bits']}")
+    print(f"hex       {d['code']}")
+    if d["error"] is None and d["error_fraction"] is None:
+        print("error     -")
+    else:
+        e = d["error"] if d["error"] is not None else d["error_fraction"]
+        qf = Fraction(q)
+        rel = _approx(abs(Fraction(r) - qf) / abs(qf)) if qf else "0"
+        print(f"error     {_short(e)}  (rounded - input, exact; relative {rel})")
     return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line (``fpsim round: error: ...``), exit status 2, as argparse's own exit."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+    except ImportError:  # pragma: no cover - Python < 3.8
+        PackageNotFoundError, version = Exception, None  # type: ignore[assignment,misc]
+    try:
+        if version is not None:
+            return str(version("fpsim-precision"))
+    except PackageNotFoundError:
+        pass
+    from . import __version__
+
+    return str(__version__)
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
@@ -65,16 +205,26 @@ def build_parser() -> argparse.ArgumentParser:
     from .formats import format_names
     from .rounding import Overflow, Rounding
 
-    p = argparse.ArgumentParser(prog="fpsim", description="Bit-exact floating-point precision simulator.")
+    p = _Parser(prog="fpsim", description="Bit-exact floating-point precision simulator.")
+    p.add_argument("--version", action="version", version=f"fpsim {_version()}",
+                   help="print the installed version (distribution fpsim-precision) and exit")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("formats", help="print a table of every format")
     s.set_defaults(func=cmd_formats)
-    s = sub.add_parser("round", help="round a value into a format and show its bits")
-    s.add_argument("value", help="a decimal or float literal, e.g. 0.1 or 1e-8")
-    s.add_argument("--format", "-f", default="bf16", help=f"one of: {', '.join(format_names())}")
-    s.add_argument("--rounding", "-r", default="rne", choices=[m.value for m in Rounding])
-    s.add_argument("--overflow", default="ieee", choices=[m.value for m in Overflow])
-    s.add_argument("--seed", type=int, default=0, help="seed for --rounding sr")
+    s = sub.add_parser("round", help="round a value into a format, once, from its exact value, and show its bits",
+                       description="Round a number, parsed exactly (never through float64), into a format once, "
+                                   "and show the result's bits and the exact rounding error.")
+    s.add_argument("value", help="a decimal with any number of digits (0.1, 1e-400, -1.00048828125000000001), "
+                                 "a hex float (0x1.8p-3), a fraction (1/3), inf or nan")
+    s.add_argument("--format", "-f", default="bf16", metavar="FORMAT",
+                   help=f"target format (case-insensitive; default bf16): {', '.join(format_names())}")
+    s.add_argument("--rounding", "-r", default="rne", metavar="MODE",
+                   help=f"rounding mode (default rne): {', '.join(m.value for m in Rounding)}")
+    s.add_argument("--overflow", default="ieee", metavar="POLICY",
+                   help=f"overflow policy (default ieee): {', '.join(m.value for m in Overflow)}")
+    s.add_argument("--seed", default=None, metavar="S",
+                   help="seed for --rounding sr (default 0): exact stochastic rounding of the exact value")
+    s.add_argument("--json", action="store_true", help="print the result as JSON (keys in docs/getting-started.md)")
     s.set_defaults(func=cmd_round)
     for name, (register, _) in _EXTENSIONS.items():
         register(sub)
@@ -96,14 +246,61 @@ def _register_extensions() -> dict[str, tuple[Callable[..., None], None]]:
 _EXTENSIONS = _register_extensions()
 
 
+def _protect_negative(argv: list[str]) -> list[str]:
+    """``fpsim round -1e-3``: argparse takes ``-1e-3``, ``-inf``, ``-0x1p3`` for options; a leading space
+    makes them positional (parse_decimal ignores it). Only tokens that are numbers and only for ``round``."""
+    if not argv or argv[0] != "round":
+        return argv
+    out = argv[:1]
+    for i, a in enumerate(argv[1:], 1):
+        if a == "--":
+            return out + argv[i:]
+        if a.startswith("-") and not a.startswith("--") and len(a) > 1:
+            try:
+                parse_decimal(a)
+            except ValueError:
+                pass
+            else:
+                a = " " + a
+        out.append(a)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The ``fpsim`` command. Bad values: one line on stderr naming the flag, return 2 (usage errors: exit 2)."""
     p = build_parser()
-    args = p.parse_args(argv)
+    av = list(sys.argv[1:] if argv is None else argv)
+    if av and isinstance(av[0], str) and av[0].strip().lower() in _subcommands(p):
+        av[0] = av[0].strip().lower()  # the one name rule for subcommands too ("ROUND", " demo")
+    args = p.parse_args(_protect_negative(av))
     try:
         return int(args.func(args))
     except (ValueError, TypeError) as e:
-        print(f"fpsim {args.command}: error: {e}", file=sys.stderr)
+        print(f"fpsim {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"fpsim {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `fpsim formats | head -1`: the reader left; nothing to say
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - so that the exit flush does not raise again
+        except OSError:
+            pass
+        return 0
+    except OSError as e:  # disk full, folder removed mid-run, ...: the demo kept what it had finished
+        print(f"fpsim {args.command}: error: {_one_line(e)}", file=sys.stderr)
+        return 1
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def _subcommands(p: argparse.ArgumentParser) -> list[str]:
+    for a in p._actions:  # argparse keeps its subparsers here; no public accessor
+        if isinstance(a, argparse._SubParsersAction):
+            return list(a.choices)
+    return []
 
 
 if __name__ == "__main__":

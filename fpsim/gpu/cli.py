@@ -15,6 +15,9 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from ._device import GPUUnavailable
     from .probing import probe
 
+    for flag, v in (("--device", args.device), ("--random-rows", args.random_rows)):
+        if v < 0:  # before CuPy is looked for: a bad flag is named whatever the machine
+            raise ValueError(f"{flag}: expected a non-negative integer, got {v}")
     try:
         res = probe(args.device, random_rows=args.random_rows)
     except GPUUnavailable as e:

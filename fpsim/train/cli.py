@@ -8,16 +8,35 @@ from typing import Any
 __all__ = ["cmd_demo", "register_cli"]
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    from ._threads import blas_threads
-    from .demo import run_demo
+def _policies(items: list[str]) -> list[str]:
+    """``--policies`` values (space or comma separated) as canonical names, in order, each once."""
+    from ..amp import get_policy
 
-    policies = None
-    if args.policies:
-        policies = [p for item in args.policies for p in item.split(",") if p]
+    names: list[str] = []
+    for item in items:
+        for part in item.split(","):
+            if part.strip():
+                name = get_policy(part).name  # the one name rule; unknown names list the valid ones
+                if name not in names:
+                    names.append(name)
+    if not names:
+        raise ValueError(f"no policy named (got {' '.join(repr(i) for i in items)}); give one or more of the "
+                         "names `fpsim demo --help` lists")
+    return names
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .._cliargs import flag_value, nonneg_int, pos_int
+    from ._threads import blas_threads
+    from .demo import check_output_dir, run_demo
+
+    # Every value is checked before the first step: a bad flag costs nothing.
+    steps = None if args.steps is None else flag_value("--steps", pos_int, args.steps)
+    seed = flag_value("--seed", nonneg_int, args.seed)
+    policies = None if args.policies is None else flag_value("--policies", _policies, args.policies)
+    out = flag_value("--out", check_output_dir, args.out)
     with blas_threads(1):  # tiny GEMMs: BLAS threads only add contention
-        run_demo(args.out, quick=args.quick, steps=args.steps, policies=policies, seed=args.seed,
-                 progress=None)
+        run_demo(out, quick=args.quick, steps=steps, policies=policies, seed=seed, progress=None)
     return 0
 
 
@@ -30,9 +49,11 @@ def register_cli(subparsers: Any) -> None:
         description="Train the same tiny GPT under each named precision policy and write DIR/report.md, "
                     "PNG plots and DIR/metrics.json.")
     s.add_argument("--quick", action="store_true", help="a shorter run (under 3 minutes)")
-    s.add_argument("--out", default="fpsim-demo", metavar="DIR", help="output folder (default: fpsim-demo)")
-    s.add_argument("--steps", type=int, default=None, metavar="N", help="training steps per policy")
+    s.add_argument("--out", default="fpsim-demo", metavar="DIR",
+                   help="output folder, created if needed and checked writable before training (default: "
+                        "fpsim-demo); metrics.json is rewritten as each policy finishes")
+    s.add_argument("--steps", default=None, metavar="N", help="training steps per policy (an integer >= 1)")
     s.add_argument("--policies", nargs="+", default=None, metavar="POLICY",
                    help=f"policies to run (space or comma separated); default all: {', '.join(policy_names())}")
-    s.add_argument("--seed", type=int, default=0, metavar="S", help="seed for weights and data (default 0)")
+    s.add_argument("--seed", default="0", metavar="S", help="seed for weights and data (default 0)")
     s.set_defaults(func=cmd_demo)

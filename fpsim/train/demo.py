@@ -29,6 +29,7 @@ __all__ = [
     "DEFAULT_POLICIES",
     "DemoSettings",
     "activation_bytes_per_token",
+    "check_output_dir",
     "demo_settings",
     "memory_ledger",
     "run_demo",
@@ -104,6 +105,7 @@ def activation_bytes_per_token(policy: Any, cfg: GPTConfig) -> float:
 
 def _metrics(h: History, wall: float, pol: Any, cfg: TrainConfig) -> dict[str, Any]:
     s = h.summary()
+    assert cfg.model is not None  # DemoSettings.train_config always sizes the model itself
     return {
         "final_loss": s["final_loss"],
         "final_train_loss": s["final_train_loss"],
@@ -124,14 +126,21 @@ def _metrics(h: History, wall: float, pol: Any, cfg: TrainConfig) -> dict[str, A
 def run_demo(out: str, *, quick: bool = False, steps: int | None = None, policies: Sequence[str] | None = None,
              seed: int = 0, progress: bool | None = None, log: Callable[[str], None] | None = print,
              settings: DemoSettings | None = None) -> dict[str, Any]:
-    """Run the demo into folder ``out``; returns the metrics dict written to ``out/metrics.json``."""
+    """Run the demo into folder ``out``; returns the metrics dict written to ``out/metrics.json``.
+
+    ``out`` is created and proven writable before any training (``ValueError`` otherwise, see
+    :func:`check_output_dir`). ``metrics.json`` and ``histories.json`` are rewritten (atomically) as each
+    policy finishes, with ``"complete": false`` until the last one, so an interrupted run keeps the policies it
+    finished; the report and plots come at the end.
+    """
     t_start = time.perf_counter()
     st = settings if settings is not None else demo_settings(quick, steps, seed)
     names = list(policies) if policies else list(DEFAULT_POLICIES)
     for n in names:
         get_policy(n)  # validate every name before spending time
-    os.makedirs(out, exist_ok=True)
+    out = check_output_dir(out)  # and the destination: minutes of training must not end in "cannot write"
     cfg = st.train_config()
+    assert cfg.model is not None  # DemoSettings.train_config always sizes the model itself
     say = log or (lambda s: None)
     n_params = count_params(init_params(cfg.model, seed=cfg.seed))
     say(f"fpsim demo: task {st.task} {st.task_kwargs}, GPT {cfg.model.n_layer}x{cfg.model.n_embd} "
@@ -168,6 +177,7 @@ def run_demo(out: str, *, quick: bool = False, steps: int | None = None, policie
         metrics[name] = _metrics(tr.history, wall, pol, cfg)
         if pol.quant is not None and pol.quant.mode == "ptq":
             metrics[name]["float_loss_before_quantization"] = tr.history.data.get("float_eval_loss")
+        _save_progress(out, st, quick, n_params, cfg, metrics, histories)  # a later crash keeps this policy
         m = metrics[name]
         say(f"  {name:16s} loss {m['final_loss']:.4f}  underflow {100 * m['grad_underflow_fraction']:6.2f}%  "
             f"lost updates {100 * _nz(m['lost_update_fraction']):6.2f}%  skipped {m['skipped_steps']:3d}  "
@@ -193,6 +203,10 @@ def run_demo(out: str, *, quick: bool = False, steps: int | None = None, policie
         d = ledger[n]
         say(f"  {n:16s} {d['weights']:7g} {d['grads']:6g} {d['master']:6g} {d['optimizer_state']:6g} "
             f"{d['total']:6g} {d['activation_bytes_per_token']:9g}")
+    result["complete"] = True
+    result["total_wall_s"] = time.perf_counter() - t_start
+    _write_json(os.path.join(out, "metrics.json"), result)  # before the plots: a plotting failure loses nothing
+    _write_json(os.path.join(out, "histories.json"), {n: histories[n].to_dict() for n in names})
     plots: dict[str, str] = {}
     try:
         from .report import write_plots
@@ -203,8 +217,6 @@ def run_demo(out: str, *, quick: bool = False, steps: int | None = None, policie
     result["total_wall_s"] = time.perf_counter() - t_start
     _write_json(os.path.join(out, "metrics.json"), result)
     _write_text(os.path.join(out, "report.md"), _report(result, plots, st))
-    hist_path = os.path.join(out, "histories.json")
-    _write_json(hist_path, {n: histories[n].to_dict() for n in names})
     say(f"wrote {os.path.join(out, 'report.md')}, metrics.json, histories.json and {len(plots)} plots "
         f"in {result['total_wall_s']:.1f} s")
     return result
@@ -236,12 +248,74 @@ def _nz(v: float) -> float:
     return 0.0 if v is None or not math.isfinite(v) else v
 
 
+_TMP_PREFIX = ".fpsim-demo-tmp-"  # our temporary files, and only ours, are removed when stale
+
+
+def check_output_dir(out: str | os.PathLike[str]) -> str:
+    """Create ``out`` if needed and prove it writable, before any training; returns the path as a str.
+
+    Writability is tested by creating and removing a file there (permission bits say nothing for root, a
+    read-only mount or a full disk), so the check holds for every user. A folder that cannot be created or
+    written raises ``ValueError`` naming it and the reason. Temporary files a killed run left behind
+    (``.fpsim-demo-tmp-*``) are removed.
+
+    >>> import tempfile, os
+    >>> d = check_output_dir(os.path.join(tempfile.mkdtemp(), "demo"))
+    >>> os.listdir(d)
+    []
+    """
+    if not isinstance(out, (str, os.PathLike)):
+        raise TypeError(f"output folder must be a path (str), got {type(out).__name__}: {out!r}")
+    path = os.fspath(out)
+    if not isinstance(path, str) or not path.strip():
+        raise ValueError(f"output folder must be a non-empty path, got {path!r}")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"output folder {path!r} exists and is not a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"cannot create output folder {path!r}: {e.strerror or e}") from None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=path)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        raise ValueError(f"cannot write in output folder {path!r}: {e.strerror or e}") from None
+    for name in os.listdir(path):
+        if name.startswith(_TMP_PREFIX):
+            try:
+                os.unlink(os.path.join(path, name))
+            except OSError:
+                pass  # another run's file in use, or gone already
+    return path
+
+
+def _save_progress(out: str, st: DemoSettings, quick: bool, n_params: int, cfg: TrainConfig,
+                   metrics: dict[str, Any], histories: dict[str, History]) -> None:
+    """metrics.json and histories.json for the policies finished so far (``"complete": false``)."""
+    assert cfg.model is not None
+    partial: dict[str, Any] = {
+        "fpsim_demo_version": 1,
+        "complete": False,
+        "settings": {**{k: getattr(st, k) for k in st.__dataclass_fields__}, "quick": quick,
+                     "n_params": n_params, "model": cfg.model.as_dict()},
+        "policies": dict(metrics),
+        "machine": {"python": platform.python_version(), "numpy": np.__version__, "cpus": os.cpu_count()},
+    }
+    _write_json(os.path.join(out, "metrics.json"), partial)
+    _write_json(os.path.join(out, "histories.json"), {n: h.to_dict() for n, h in histories.items()})
+
+
 def _atomic(path: str, data: str) -> None:
+    """Write ``path`` whole or not at all: a temporary file beside it, flushed to disk, then renamed."""
     d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
+    fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=d)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are meant to be shared like any other file
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
