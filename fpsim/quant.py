@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ._fpenv import ieee_mode
 from .formats import FormatLike, as_format
 from .rounding import RoundingLike
 from .scaling import BlockLike, _as_float, _out, _scaled
@@ -101,7 +102,8 @@ def _scalar_scale(scale: Any) -> np.float32:
     if s.size != 1:
         raise ValueError(f"per-tensor scale must be a scalar or a 1-element array, got shape {s.shape}; "
                          "for per-channel scales pass axis=")
-    out: np.float32 = _F32(s.reshape(()))
+    with np.errstate(over="ignore"):  # as torch's double -> float: beyond float32's range is ±inf
+        out: np.float32 = _F32(s.reshape(()))
     return out
 
 
@@ -151,7 +153,7 @@ def _fq_per_tensor(x: np.ndarray, scale: np.float32, zp: int, qmin: int, qmax: i
     """
     dt = x.dtype.type
     s = dt(scale)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):
         inv = dt(_F32(_F32(1.0) / scale))
     zpf, lo, hi = dt(zp), dt(qmin), dt(qmax)
     src = np.ascontiguousarray(x).reshape(-1)
@@ -193,7 +195,7 @@ def _fq_per_channel(x: np.ndarray, scale: np.ndarray, zp: np.ndarray, axis: int,
     shape = [1] * x.ndim
     shape[axis] = -1
     s32 = scale.astype(_F32)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):
         inv = (_F32(1.0) / s32).astype(dt).reshape(shape)
     float_zp = zp.dtype.kind == "f"
     with np.errstate(invalid="ignore", over="ignore"):
@@ -232,7 +234,7 @@ def _fq_per_channel_int(x: np.ndarray, scale: np.ndarray, zp: np.ndarray, axis: 
     B = int(np.prod(x.shape[axis + 1 :], dtype=np.int64))
     src = np.ascontiguousarray(x).reshape(A * C, B)
     s32 = scale.astype(_F32)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):
         inv_rows = np.tile((_F32(1.0) / s32).astype(dt), A)
     s_rows = np.tile(s32.astype(dt), A)
     zp_rows = np.tile(zp.astype(np.int64).astype(dt), A)
@@ -263,6 +265,7 @@ def _fq_per_channel_int(x: np.ndarray, scale: np.ndarray, zp: np.ndarray, axis: 
     return out.reshape(x.shape), mask.reshape(x.shape)
 
 
+@ieee_mode
 def fake_quantize_with_mask(
     x: Any,
     scale: Any,
@@ -292,7 +295,8 @@ def fake_quantize_with_mask(
     if not -a.ndim <= axis < a.ndim:
         raise ValueError(f"axis {axis} is out of range for an array with {a.ndim} dimension(s)")
     ax = int(axis) % a.ndim
-    sc = np.asarray(_as_float(scale, "scale")).reshape(-1)
+    with np.errstate(over="ignore"):  # torch keeps scales in float32: beyond its range is ±inf
+        sc = np.asarray(_as_float(scale, "scale"), dtype=_F32).reshape(-1)
     zpa = np.asarray(zero_point)
     if zpa.dtype.kind not in "iuf" or zpa.dtype == np.bool_:
         raise TypeError(f"zero_point must be integers (or floats for float qparams), got dtype {zpa.dtype}")
@@ -306,6 +310,7 @@ def fake_quantize_with_mask(
     return y, m
 
 
+@ieee_mode
 def fake_quantize(
     x: Any,
     scale: Any,
@@ -363,6 +368,7 @@ def fake_quantize(
     return y
 
 
+@ieee_mode
 def fake_quantize_grad(
     grad: Any,
     x: Any,
@@ -442,6 +448,7 @@ def quant_range(dtype: str = "quint8", *, reduce_range: bool = False, quant_min:
     return 0, 15
 
 
+@ieee_mode
 class ObserverBase:
     """Shared parts of torch's uniform quantization observers (qparams from running min/max).
 
@@ -576,6 +583,7 @@ def _aminmax(x: np.ndarray) -> tuple[np.float32, np.float32]:
     return _F32(x.min()), _F32(x.max())  # NaN propagates, as torch.aminmax
 
 
+@ieee_mode
 class MinMaxObserver(ObserverBase):
     """Running min and max over all batches (``torch.ao.quantization.MinMaxObserver``).
 
@@ -593,6 +601,7 @@ class MinMaxObserver(ObserverBase):
         self.max_val = np.asarray(np.maximum(hi, self.max_val), dtype=_F32)
 
 
+@ieee_mode
 class MovingAverageMinMaxObserver(ObserverBase):
     """Exponential moving average of batch min/max (``averaging_constant`` c, default 0.01).
 
@@ -631,6 +640,7 @@ def _per_channel_minmax(x: np.ndarray, ch_axis: int) -> tuple[np.ndarray, np.nda
     return y.min(axis=1).astype(_F32), y.max(axis=1).astype(_F32)
 
 
+@ieee_mode
 class PerChannelMinMaxObserver(ObserverBase):
     """Running min/max per channel along ``ch_axis`` (``torch.ao.quantization.PerChannelMinMaxObserver``).
 
@@ -659,6 +669,7 @@ class PerChannelMinMaxObserver(ObserverBase):
             self.max_val = np.maximum(hi, self.max_val)
 
 
+@ieee_mode
 class MovingAveragePerChannelMinMaxObserver(PerChannelMinMaxObserver):
     """Per-channel moving-average min/max (``torch.ao.quantization.MovingAveragePerChannelMinMaxObserver``)."""
 
@@ -678,6 +689,7 @@ class MovingAveragePerChannelMinMaxObserver(PerChannelMinMaxObserver):
         self.max_val = (self.max_val + (c * (hi - self.max_val).astype(_F32)).astype(_F32)).astype(_F32)
 
 
+@ieee_mode
 class FakeQuantize:
     """Observer + fake quantization, like ``torch.ao.quantization.FakeQuantize``.
 
@@ -809,16 +821,20 @@ def lsq_grad_factor(numel: int, quant_max: int) -> float:
     return 1.0 / math.sqrt(n * q)
 
 
+@ieee_mode
 def learnable_fake_quantize(x: Any, scale: Any, zero_point: Any, quant_min: int, quant_max: int) -> Any:
     """Forward of ``torch._fake_quantize_learnable_per_tensor_affine``: the ordinary per-tensor op with
     ``scale`` as float32 and ``zero_point = int(clamp(nearbyint(zero_point), qmin, qmax))``."""
     qmin, qmax = _check_range(quant_min, quant_max)
     zp = _zp_from_tensor(zero_point, qmin, qmax, True)
     a, scalar = _float_input(x)
-    y, _ = _fq_per_tensor(a.astype(_F32, copy=False), _scalar_scale(scale), zp, qmin, qmax, False)
+    with np.errstate(over="ignore"):  # the op is float32: float64 beyond its range becomes ±inf
+        a = a.astype(_F32, copy=False)
+    y, _ = _fq_per_tensor(a, _scalar_scale(scale), zp, qmin, qmax, False)
     return _out(y, scalar)
 
 
+@ieee_mode
 def learnable_fake_quantize_grad(
     grad: Any,
     x: Any,
@@ -861,12 +877,13 @@ def learnable_fake_quantize_grad(
     """
     qmin, qmax = _check_range(quant_min, quant_max)
     s = _scalar_scale(scale)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):
         inv = _F32(_F32(1.0) / s)
     zp = _zp_from_tensor(zero_point, qmin, qmax, False)
     gf = _F32(grad_factor)
-    a = np.asarray(_as_float(x), dtype=_F32)
-    dy = np.asarray(_as_float(grad, "grad"), dtype=_F32)
+    with np.errstate(over="ignore"):  # float64 beyond float32's range becomes ±inf (torch's float32 op)
+        a = np.asarray(_as_float(x), dtype=_F32)
+        dy = np.asarray(_as_float(grad, "grad"), dtype=_F32)
     if dy.shape != a.shape:
         raise ValueError(f"grad of shape {dy.shape} does not match x of shape {a.shape}")
     with np.errstate(invalid="ignore", over="ignore"):
@@ -904,6 +921,7 @@ def _torchlike_sum(v: np.ndarray) -> np.ndarray:
 # Float (FP8) fake quantization
 
 
+@ieee_mode
 def fp8_fake_quantize(
     x: Any,
     fmt: FormatLike = "fp8_e4m3",
@@ -930,6 +948,7 @@ def fp8_fake_quantize(
     return _float_fake_quantize(x, fmt, scale, rounding=rounding, overflow=overflow, axis=axis, block=block, rng=rng)
 
 
+@ieee_mode
 def fp8_fake_quantize_grad(
     grad: Any,
     x: Any = None,

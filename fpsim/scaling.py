@@ -27,7 +27,10 @@ from typing import Any, Union
 
 import numpy as np
 
+from ._fpenv import ieee_mode
+from ._names import parse_name
 from .formats import Format, FormatLike, as_format
+from .mma.scaled import ScaledTensor
 from .rounding import Overflow, Rounding, RoundingLike, _as_float_array, as_rounding, parse_options
 from .rounding import round as _round
 
@@ -36,6 +39,7 @@ __all__ = [
     "CurrentScaling",
     "DelayedScaling",
     "Recipe",
+    "ScaledTensor",
     "amax",
     "compute_scale",
     "dequantize",
@@ -48,6 +52,7 @@ __all__ = [
     "nvfp4_dequantize",
     "nvfp4_quantize",
     "quantize",
+    "quantize_scaled",
     "recipes",
     "scale_and_quantize",
 ]
@@ -68,6 +73,40 @@ def _check_int(name: str, v: Any, lo: int | None = None) -> int:
     if lo is not None and v < lo:
         raise ValueError(f"{name} must be >= {lo}, got {v}")
     return int(v)
+
+
+_MARGIN_MAX = 127
+_FLT_MIN = np.float32(np.finfo(np.float32).tiny)  # 2**-126: the smallest scale whose reciprocal is finite
+
+
+def _check_margin(margin: Any) -> int:
+    """``margin`` as an int in [-127, 127]: ``2**margin`` is then a normal float32, so dividing by it is
+    exact (TransformerEngine's ``/ powf(2, margin)``); beyond that the float32 divisor is inf or 0."""
+    m = _check_int("margin", margin)
+    if not -_MARGIN_MAX <= m <= _MARGIN_MAX:
+        raise ValueError(f"margin must be an integer in [-{_MARGIN_MAX}, {_MARGIN_MAX}] (2**margin must be a "
+                         f"normal float32), got {margin!r}")
+    return m
+
+
+def _check_real(name: str, v: Any, lo: float | None) -> float:
+    """A real Python/NumPy number (not bool), not NaN, and >= ``lo`` when given."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number, got {type(v).__name__}: {v!r}")
+    f = float(v)
+    if math.isnan(f) or (lo is not None and f < lo):
+        raise ValueError(f"{name} must be a number >= {lo}, got {v!r}" if lo is not None
+                         else f"{name} must not be NaN, got {v!r}")
+    return f
+
+
+def _check_scale(v: Any) -> np.float32:
+    """A per-tensor scale for a scaling state machine: a finite positive number, as float32."""
+    f = _check_real("scale", v, None)
+    s: np.float32 = _F32(f) if abs(f) < float(_FLT_MAX) else _F32(np.inf)
+    if not (np.isfinite(s) and s > 0):
+        raise ValueError(f"scale must be a finite positive number (as float32), got {v!r}")
+    return s
 
 
 def _norm_axis(axis: Any, ndim: int) -> int:
@@ -165,6 +204,7 @@ def _out(a: np.ndarray, scalar_in: bool) -> Any:
 # amax, scales, quantize / dequantize
 
 
+@ieee_mode
 def amax(x: Any, *, axis: int | None = None, block: BlockLike | None = None) -> Any:
     """Largest magnitude ``max|x|``: of the whole tensor, per channel, or per block.
 
@@ -220,6 +260,7 @@ def _pow2_floor_f32(s: np.ndarray) -> np.ndarray:
     return out
 
 
+@ieee_mode
 def compute_scale(
     amax: Any,
     fmt: FormatLike,
@@ -237,6 +278,10 @@ def compute_scale(
     inputs); ``power_of_two=True`` keeps only the sign and exponent bits (rounds *down* to a power of
     two, so ``amax * scale`` never exceeds ``fmt.max``). Quantise with ``round(x * scale)``.
 
+    A scale below float32's smallest normal 2**-126 (only reachable with a large ``margin``: TE's
+    formula would give 0 or a subnormal, whose reciprocal overflows) becomes 2**-126, so that
+    ``scale_inv = 1 / scale`` stays finite.
+
     Parameters
     ----------
     amax : float or array_like
@@ -244,7 +289,8 @@ def compute_scale(
     fmt : Format or str
         Target format (its ``max`` is used).
     margin : int
-        Extra headroom: divides the scale by ``2**margin``.
+        Extra headroom: divides the scale by ``2**margin``; an integer in [-127, 127] (``ValueError``
+        otherwise), so that ``2**margin`` is a normal float32 and the division exact.
     power_of_two : bool
         Round the scale down to a power of two (TE's ``power_2_scale``; DeepSeek-style block scaling).
     amax_epsilon : float
@@ -266,22 +312,27 @@ def compute_scale(
     [256.0, 128.0, 262144.0]
     """
     f = as_format(fmt)
-    m = _check_int("margin", margin)
+    m = _check_margin(margin)
+    eps = _F32(_check_real("amax_epsilon", amax_epsilon, 0.0))
+    vinf = _FLT_MAX if value_for_inf is None else _F32(_check_real("value_for_inf", value_for_inf, None))
+    if not vinf > 0:
+        raise ValueError(f"value_for_inf must be positive, got {value_for_inf!r}")
     scalar_in = np.isscalar(amax)
-    a = np.asarray(_as_float(amax, "amax"), dtype=_F32)
-    eps = _F32(amax_epsilon)
-    vinf = _FLT_MAX if value_for_inf is None else _F32(value_for_inf)
+    with np.errstate(over="ignore"):  # a float64 amax beyond float32's range becomes inf (scale 1)
+        a = np.asarray(_as_float(amax, "amax"), dtype=_F32)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         a = np.where(a < eps, eps, a)  # std::max(amax, eps): a NaN amax stays NaN
-        sf = (_F32(f.max) / a) / _F32(2.0**m)
-        bad = ~np.isfinite(a) | (a == 0)
-        sf = np.where(bad, _F32(1.0), sf)
-        sf = np.where(np.isinf(sf), vinf, sf).astype(_F32)
+        sf = (_F32(f.max) / a) / _F32(2.0**m)  # exact: 2**m is a normal float32
+        sf = np.where(np.isinf(sf), vinf, sf)
+        sf = np.where(sf < _FLT_MIN, _FLT_MIN, sf)  # keep 1/scale finite (see above)
+        bad = ~np.isfinite(a) | (a <= 0)
+        sf = np.where(bad, _F32(1.0), sf).astype(_F32)
     if power_of_two:
         sf = _pow2_floor_f32(sf)
     return _out(np.asarray(sf, dtype=_F32), scalar_in)
 
 
+@ieee_mode
 def quantize(
     x: Any,
     fmt: FormatLike,
@@ -341,9 +392,9 @@ def _scaled(a: np.ndarray, scale: Any, axis: Any, block: Any) -> np.ndarray:
     """A fresh array ``a * scale`` in ``a``'s precision (a float32 scale for float32 data), with the scale
     broadcast per tensor / channel / block; overflow to inf and NaN products are kept, not warned about."""
     s = _as_float(scale, "scale")
-    if a.dtype == np.float32:
-        s = s.astype(_F32)
     with np.errstate(over="ignore", invalid="ignore"):
+        if a.dtype == np.float32:
+            s = s.astype(_F32)  # a scale beyond float32's range becomes ±inf
         return _apply(a, s, axis, block, np.multiply).astype(a.dtype, copy=False)
 
 
@@ -355,6 +406,7 @@ def _presaturate(v: np.ndarray, f: Format) -> None:
             np.clip(v, -f.max, f.max, out=v)
 
 
+@ieee_mode
 def dequantize(q: Any, scale: Any, *, axis: int | None = None, block: BlockLike | None = None) -> Any:
     """Back to high-precision units: ``q * scale_inv`` with ``scale_inv = float32(1 / scale)``.
 
@@ -369,8 +421,9 @@ def dequantize(q: Any, scale: Any, *, axis: int | None = None, block: BlockLike 
     """
     scalar_in = np.isscalar(q)
     a = _as_float(q, "q")
-    s = np.asarray(_as_float(scale, "scale"), dtype=_F32)
-    with np.errstate(divide="ignore"):
+    with np.errstate(over="ignore"):  # scales are float32 (TE): beyond its range is ±inf
+        s = np.asarray(_as_float(scale, "scale"), dtype=_F32)
+    with np.errstate(divide="ignore", over="ignore"):
         inv = (_F32(1.0) / s).astype(_F32)
     if a.dtype == np.float64:
         inv = inv.astype(np.float64)
@@ -379,6 +432,7 @@ def dequantize(q: Any, scale: Any, *, axis: int | None = None, block: BlockLike 
     return _out(out, scalar_in)
 
 
+@ieee_mode
 def scale_and_quantize(
     x: Any,
     fmt: FormatLike,
@@ -394,7 +448,11 @@ def scale_and_quantize(
 ) -> tuple[Any, Any]:
     """Current scaling in one call: amax (per tensor / channel / block) -> scale -> quantize.
 
-    Returns ``(q, scale)``; ``dequantize(q, scale, axis=axis, block=block)`` goes back.
+    Returns ``(q, scale)`` where ``scale`` is the **encode** scale (multiplied before the cast, as
+    :func:`compute_scale` returns it); ``dequantize(q, scale, axis=axis, block=block)`` goes back. Its
+    reciprocal is the decode factor that :func:`fpsim.matmul`'s ``scales=`` expects: to multiply
+    quantized tensors use :func:`quantize_scaled`, whose :class:`ScaledTensor` carries the decode
+    factors and goes to ``fpsim.matmul`` as it is.
 
     Examples
     --------
@@ -410,6 +468,7 @@ def scale_and_quantize(
     return q, s
 
 
+@ieee_mode
 def fake_quantize(
     x: Any,
     fmt: FormatLike,
@@ -453,9 +512,8 @@ def fp8_format_pair(name: str) -> tuple[Format, Format]:
     >>> [f.name for f in fp8_format_pair("HYBRID")]
     ['fp8_e4m3', 'fp8_e5m2']
     """
-    if not isinstance(name, str) or name.upper() not in FP8_FORMATS:
-        raise ValueError(f"unknown FP8 format {name!r}; valid: {', '.join(FP8_FORMATS)}")
-    fw, bw = FP8_FORMATS[name.upper()]
+    key = parse_name(name, tuple(k.lower() for k in FP8_FORMATS), "FP8 format").upper()
+    fw, bw = FP8_FORMATS[key]
     return as_format(fw), as_format(bw)
 
 
@@ -463,6 +521,7 @@ _ALGOS = ("max", "most_recent")
 _PATHS = ("unfused", "fused")
 
 
+@ieee_mode
 class DelayedScaling:
     """TransformerEngine's delayed scaling: the scale for step t comes from the amax history up to t−1.
 
@@ -519,21 +578,17 @@ class DelayedScaling:
         update_path: str = "unfused",
     ) -> None:
         self.fmt: Format = as_format(fmt)
-        self.margin = _check_int("margin", margin)
+        self.margin = _check_margin(margin)
         self.amax_history_len = _check_int("amax_history_len", amax_history_len, 1)
-        if amax_compute_algo not in _ALGOS:
-            raise ValueError(f"unknown amax_compute_algo {amax_compute_algo!r}; valid: {', '.join(_ALGOS)}")
-        if update_path not in _PATHS:
-            raise ValueError(f"unknown update_path {update_path!r}; valid: {', '.join(_PATHS)}")
-        self.amax_compute_algo = amax_compute_algo
-        self.update_path = update_path
-        self.scale: np.float32 = _F32(scale)
+        self.amax_compute_algo = parse_name(amax_compute_algo, _ALGOS, "amax_compute_algo")
+        self.update_path = parse_name(update_path, _PATHS, "update_path")
+        self.scale: np.float32 = _check_scale(scale)
         self.amax_history: np.ndarray = np.zeros(self.amax_history_len, dtype=_F32)
         self._pending: np.float32 | None = None
 
     @property
     def scale_inv(self) -> np.float32:
-        with np.errstate(divide="ignore"):
+        with np.errstate(divide="ignore", over="ignore"):
             inv: np.float32 = _F32(_F32(1.0) / self.scale)
         return inv
 
@@ -546,7 +601,8 @@ class DelayedScaling:
     # -- using the scale ---------------------------------------------------------------------------
     def record(self, x: Any) -> np.float32:
         """Record ``max|x|`` for the current step (the max over several calls) and return it."""
-        a = _F32(amax(x))
+        with np.errstate(over="ignore"):  # float64 beyond float32's range: an inf amax (holds the scale)
+            a = _F32(amax(x))
         if self._pending is None or np.isnan(a) or a > self._pending:
             self._pending = a
         out: np.float32 = a
@@ -575,7 +631,8 @@ class DelayedScaling:
         if amax is None:
             a = self._pending if self._pending is not None else _F32(0.0)
         else:
-            a = _F32(_as_float(amax, "amax").reshape(-1).max()) if np.size(amax) else _F32(0.0)
+            with np.errstate(over="ignore"):  # as in record()
+                a = _F32(_as_float(amax, "amax").reshape(-1).max()) if np.size(amax) else _F32(0.0)
         self._pending = None
         h = self.amax_history
         h[0] = a
@@ -635,11 +692,12 @@ class DelayedScaling:
         for key in ("margin", "amax_compute_algo", "update_path"):
             if key in state and state[key] != getattr(self, key):
                 raise ValueError(f"state has {key}={state[key]!r}, this object has {getattr(self, key)!r}")
-        self.scale = _F32(state["scale"])
+        self.scale = _check_scale(state["scale"])
         self.amax_history = hist.copy()
         self._pending = None
 
 
+@ieee_mode
 class CurrentScaling:
     """TransformerEngine's ``Float8CurrentScaling``: a just-in-time per-tensor scale from the current amax.
 
@@ -659,10 +717,8 @@ class CurrentScaling:
                  margin: int = 0) -> None:
         self.fmt: Format = as_format(fmt)
         self.power_of_two = bool(power_of_two)
-        self.amax_epsilon = float(amax_epsilon)
-        if self.amax_epsilon < 0 or math.isnan(self.amax_epsilon):
-            raise ValueError(f"amax_epsilon must be >= 0, got {amax_epsilon!r}")
-        self.margin = _check_int("margin", margin)
+        self.amax_epsilon = _check_real("amax_epsilon", amax_epsilon, 0.0)
+        self.margin = _check_margin(margin)
 
     def __repr__(self) -> str:
         return (f"CurrentScaling({self.fmt.name!r}, power_of_two={self.power_of_two}, "
@@ -711,15 +767,12 @@ class Recipe:
 
     def format_for(self, role: str) -> Format:
         """Format of a tensor role (``"activation"``, ``"weight"``, ``"gradient"``)."""
-        if role in ("activation", "weight"):
-            return as_format(self.forward_format)
-        if role == "gradient":
-            return as_format(self.backward_format)
-        raise ValueError(f"unknown role {role!r}; valid: activation, weight, gradient")
+        r = parse_name(role, ("activation", "weight", "gradient"), "role")
+        return as_format(self.backward_format if r == "gradient" else self.forward_format)
 
     def block_for(self, role: str) -> tuple[int, ...] | int | None:
         """Block shape of a role (None for per-tensor recipes)."""
-        self.format_for(role)
+        role = parse_name(role, ("activation", "weight", "gradient"), "role")
         return {"activation": self.activation_block, "weight": self.weight_block,
                 "gradient": self.gradient_block}[role]
 
@@ -774,9 +827,7 @@ def get_recipe(name: str | Recipe) -> Recipe:
     """
     if isinstance(name, Recipe):
         return name
-    if name not in recipes:
-        raise ValueError(f"unknown recipe {name!r}; valid: {', '.join(recipes)}")
-    return recipes[name]
+    return recipes[parse_name(name, recipes, "recipe")]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -810,6 +861,7 @@ def _block_absmax(blocks: np.ndarray) -> np.ndarray:
     return out
 
 
+@ieee_mode
 def mx_scales(block_amax: Any, elem_fmt: FormatLike, *, scale_rounding: str = "floor") -> np.ndarray:
     """E8M0 decode scales (powers of two, as float32) for block amaxes.
 
@@ -826,8 +878,7 @@ def mx_scales(block_amax: Any, elem_fmt: FormatLike, *, scale_rounding: str = "f
     [1.0, 1.0]
     """
     f = as_format(elem_fmt)
-    if scale_rounding not in _SCALE_RULES:
-        raise ValueError(f"unknown scale_rounding {scale_rounding!r}; valid: {', '.join(_SCALE_RULES)}")
+    scale_rounding = parse_name(scale_rounding, _SCALE_RULES, "scale_rounding")
     a = np.asarray(_as_float(block_amax, "block_amax"), dtype=np.float64)
     finite = np.isfinite(a)
     ok = finite & (a > 0)
@@ -841,7 +892,8 @@ def mx_scales(block_amax: Any, elem_fmt: FormatLike, *, scale_rounding: str = "f
     else:
         # TE: float32 product with the float32 reciprocal of the element max, rounded up onto E8M0
         # (cvt.rp.satfinite.ue8m0); a product that underflows to 0 gives E8M0's smallest value.
-        v = (safe.astype(_F32) * _F32(1.0 / f.max)).astype(np.float64)
+        with np.errstate(over="ignore"):  # an amax beyond float32's range is inf there: 2**127 below
+            v = (safe.astype(_F32) * _F32(1.0 / f.max)).astype(np.float64)
         v = np.where(v > 0, v, lo)
         x = np.asarray(_round(v, e8, "rup", overflow="saturate"), dtype=np.float64)
     x = np.where(ok, np.clip(x, lo, hi), lo)
@@ -854,6 +906,7 @@ def mx_scales(block_amax: Any, elem_fmt: FormatLike, *, scale_rounding: str = "f
     return res
 
 
+@ieee_mode
 def mx_quantize(
     x: Any,
     elem_fmt: FormatLike,
@@ -903,6 +956,7 @@ def mx_quantize(
     ([2.0], [256.0, 0.5, -1.5, 0.005859375])
     """
     f = as_format(elem_fmt)
+    scale_rounding = parse_name(scale_rounding, _SCALE_RULES, "scale_rounding")
     mode = as_rounding(rounding)
     a, b, ax = _mx_prepare(x, block, axis)
     moved = np.moveaxis(a, ax, -1)
@@ -929,6 +983,7 @@ def mx_quantize(
     return el, np.moveaxis(scales, -1, ax)
 
 
+@ieee_mode
 def mx_dequantize(q: Any, scales: Any, *, block: int = 32, axis: int = -1) -> Any:
     """``q * scale`` with each scale repeated over its ``block`` elements along ``axis``.
 
@@ -970,6 +1025,7 @@ def _nvfp4_block(shape: tuple[int, ...], block: Any, axis: Any) -> tuple[int, ..
     return _block_shape(shape, tuple(full))
 
 
+@ieee_mode
 def nvfp4_quantize(
     x: Any,
     *,
@@ -992,7 +1048,15 @@ def nvfp4_quantize(
     Decode: ``x ≈ q * d * s_dec`` (:func:`nvfp4_dequantize`). ``block=16`` runs along ``axis``;
     ``block=(16, 16)`` tiles the two trailing axes (TE's 2-D weight quantisation). ``rounding="sr"``
     (with ``rng=``) rounds elements stochastically, as NVFP4 recipes do for gradients. Not modelled:
-    the random Hadamard transform; TE's reference maps NaN elements to 0, here they stay NaN.
+    the random Hadamard transform.
+
+    NaN is confined to its block, as in MX: the tensor amax skips NaN (an ``fmaxf`` reduction, as
+    TransformerEngine's amax kernel computes it), so one NaN does not poison the per-tensor scale;
+    the NaN's block gets a NaN block scale (E4M3 has NaN) and all its elements decode to NaN; every
+    other block is quantised as if the NaN were absent. (TE's Python reference takes ``torch.amax``,
+    which propagates NaN into the global scale and so into every block, and then maps NaN elements
+    to 0: the whole tensor is lost silently. See docs/scaling.md.) ±inf saturates: an infinite amax
+    gives the tensor scale 1 (TE's rule) and inf elements become ±6.
 
     Returns
     -------
@@ -1013,9 +1077,14 @@ def nvfp4_quantize(
     fp8 = as_format("fp8_e4m3")
     a = _as_float(x)
     full = _nvfp4_block(a.shape, block, axis)
-    a32 = a.astype(_F32)
+    with np.errstate(over="ignore"):  # float64 values beyond float32's range become ±inf (NVFP4 works in fp32)
+        a32 = a.astype(_F32)
+    if global_amax is None:
+        # NaN-skipping, like an fmaxf reduction (TE's amax kernel): a NaN stays confined to its block.
+        gam = _F32(np.fmax.reduce(np.abs(a32), axis=None)) if a32.size else _F32(0.0)
+    else:
+        gam = _F32(_check_real("global_amax", global_amax, 0.0))
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        gam = _F32(amax(a32)) if global_amax is None else _F32(global_amax)
         s_enc = _F32(min(_F32(_F32(fp8.max * fp4.max) / gam), _FLT_MAX))
         if s_enc == 0:
             s_enc = _F32(1.0)
@@ -1032,13 +1101,110 @@ def nvfp4_quantize(
     return el, d, s_dec
 
 
+@ieee_mode
 def nvfp4_dequantize(q: Any, block_scales: Any, global_scale: Any, *, block: BlockLike = 16,
                      axis: int = -1) -> Any:
     """``q * (block_scale * global_scale)``: the two scales multiplied in float32, then the product with
     each element rounded once to ``q``'s dtype."""
     a = _as_float(q, "q")
     full = _nvfp4_block(a.shape, block, axis)
-    s = (np.asarray(_as_float(block_scales, "block_scales"), dtype=_F32) * _F32(global_scale)).astype(_F32)
+    g = np.asarray(_as_float(global_scale, "global_scale"))
+    if g.size != 1:
+        raise ValueError(f"global_scale must be a single number, got shape {g.shape}")
+    with np.errstate(over="ignore", invalid="ignore"):  # float32 scales, as TE's: beyond its range is inf
+        s = (np.asarray(_as_float(block_scales, "block_scales"), dtype=_F32) * _F32(g.reshape(()))).astype(_F32)
     with np.errstate(over="ignore", invalid="ignore"):
         out = _apply(a.astype(np.float64), s.astype(np.float64), None, full, np.multiply)
     return out.astype(a.dtype)
+
+
+# --------------------------------------------------------------------------------------------------
+# One scaled-tensor value for every recipe
+
+_SCALINGS = ("current", "mx", "nvfp4")
+
+
+@ieee_mode
+def quantize_scaled(
+    x: Any,
+    fmt: FormatLike = "fp8_e4m3",
+    *,
+    scaling: str = "current",
+    axis: int | None = None,
+    block: BlockLike | None = None,
+    margin: int = 0,
+    power_of_two: bool = False,
+    amax_epsilon: float = 0.0,
+    scale_rounding: str = "floor",
+    rounding: RoundingLike = "rne",
+    overflow: str = "saturate",
+    rng: np.random.Generator | None = None,
+) -> ScaledTensor:
+    """Quantize ``x`` and return a :class:`ScaledTensor` (data plus **decode** factors, ``x ≈ data * scale``).
+
+    The one value every recipe produces and :func:`fpsim.matmul` consumes directly
+    (``matmul(qa, qb, model=...)``), so that no scale convention has to be remembered.
+
+    Parameters
+    ----------
+    x : array_like
+        High-precision values (never modified).
+    fmt : Format or str
+        Element format (``"fp4_e2m1"`` for NVFP4).
+    scaling : {"current", "mx", "nvfp4"}
+        ``"current"``: :func:`scale_and_quantize` (TE current scaling; per tensor, per channel with
+        ``axis=``, per block with ``block=``); the stored factor is ``scale_inv = float32(1 / scale)``, so
+        ``dequantize()`` gives the same bits as :func:`dequantize`. ``"mx"``: :func:`mx_quantize` (E8M0
+        factors; ``block`` an int, default 32, along ``axis``, default -1). ``"nvfp4"``:
+        :func:`nvfp4_quantize` (E4M3 block factors and the fp32 tensor factor as ``global_scale``;
+        ``block`` 16 or ``(16, 16)``).
+    axis, block, margin, power_of_two, amax_epsilon, scale_rounding, rounding, overflow, rng
+        As in the function each scaling calls (``margin``, ``power_of_two``, ``amax_epsilon`` and
+        ``overflow`` for current scaling only; ``scale_rounding`` for MX only).
+
+    Returns
+    -------
+    ScaledTensor
+
+    Examples
+    --------
+    >>> import numpy as np, fpsim.scaling as S
+    >>> t = S.quantize_scaled(np.float32([[0.1, 2.0], [300.0, -7.0]]), "fp8_e4m3", block=(1, 2), power_of_two=True)
+    >>> t.scale.ravel().tolist()          # decode factors: the reciprocals of scale_and_quantize's scales
+    [0.0078125, 1.0]
+    >>> t.dequantize().tolist()
+    [[0.1015625, 2.0], [288.0, -7.0]]
+    >>> S.quantize_scaled(np.arange(64.0), "fp8_e4m3", scaling="mx").block
+    (32,)
+    """
+    kind = parse_name(scaling, _SCALINGS, "scaling")
+    if kind == "current":
+        a = _as_float(x)
+        q, s = scale_and_quantize(a, fmt, axis=axis, block=block, margin=margin, power_of_two=power_of_two,
+                                  amax_epsilon=amax_epsilon, rounding=rounding, overflow=overflow, rng=rng)
+        with np.errstate(divide="ignore", over="ignore"):
+            inv = (_F32(1.0) / np.asarray(s, dtype=_F32)).astype(_F32)
+        if axis is not None:
+            ax = _norm_axis(axis, a.ndim)
+            blk = tuple(1 if i == ax else max(n, 1) for i, n in enumerate(a.shape))
+            inv = inv.reshape(tuple(a.shape[ax] if i == ax else 1 for i in range(a.ndim)))
+            return ScaledTensor(q, inv, fmt, blk)
+        if block is not None:
+            return ScaledTensor(q, inv, fmt, _block_shape(a.shape, block))
+        return ScaledTensor(q, inv, fmt, None)
+    if kind == "mx":
+        if block is not None and not isinstance(block, (int, np.integer)):
+            raise TypeError(f"MX blocks run along one axis: block must be an int, got {block!r}")
+        b = 32 if block is None else int(block)
+        ax_mx = -1 if axis is None else axis
+        el, sc = mx_quantize(x, fmt, block=b, axis=ax_mx, scale_rounding=scale_rounding, rounding=rounding,
+                             rng=rng)
+        ax = _norm_axis(ax_mx, np.ndim(el))
+        return ScaledTensor(el, sc, fmt, tuple(b if i == ax else 1 for i in range(np.ndim(el))))
+    f = as_format(fmt)
+    if f != as_format("fp4_e2m1"):
+        raise ValueError(f"NVFP4 elements are fp4_e2m1, got format {f.name!r}")
+    nb: BlockLike = 16 if block is None else block
+    ax_nv = -1 if axis is None else axis
+    q4, d, g = nvfp4_quantize(x, block=nb, axis=ax_nv, rounding=rounding, rng=rng)
+    return ScaledTensor(q4, d, f, _nvfp4_block(np.shape(q4), nb, ax_nv), global_scale=g)

@@ -4,7 +4,7 @@
 the largest exponent with a fixed number of extra bits, truncated term by term and rounded toward zero; on
 Ada/Hopper FP8 only 13 fraction bits survive. :class:`MMAModel` describes one such data path (the block-FMA
 model of Khattak & Mikaitis); :func:`get_model` returns the preset for a device and format; :func:`dot` and
-:func:`matmul` evaluate it. Generic comparison models: :data:`exact`, :data:`fma_chain`, :data:`pairwise`,
+:func:`matmul` evaluate it (:func:`matmul` also takes :class:`ScaledTensor` operands). Generic comparison models: :data:`exact`, :data:`fma_chain`, :data:`pairwise`,
 :data:`wide`.
 
 >>> import fpsim
@@ -19,6 +19,7 @@ from .experiments import deepseek_experiment
 from .gemm import convert_inputs, dot, matmul
 from .model import KINDS, MMAModel, as_model, exact, fma_chain, generic, pairwise, wide
 from .presets import DEVICES, INPUTS, DeviceInfo, device_info, get_model
+from .scaled import ScaledTensor
 
 __all__ = [
     "DEVICES",
@@ -26,6 +27,7 @@ __all__ = [
     "KINDS",
     "DeviceInfo",
     "MMAModel",
+    "ScaledTensor",
     "as_model",
     "convert_inputs",
     "deepseek_experiment",

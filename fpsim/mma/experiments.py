@@ -13,7 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from .._fpenv import ieee_mode
+from .._names import parse_name
 from ..formats import fp8_e4m3, fp32
+from ..rounding import _as_float_array
 from ..rounding import round as _fround
 from .gemm import matmul
 from .presets import get_model
@@ -23,12 +26,20 @@ __all__ = ["deepseek_experiment", "quantize_tiles"]
 _GROUP = 128
 
 
+@ieee_mode
 def quantize_tiles(a: np.ndarray, b: np.ndarray, *, per_tensor: bool = False) -> tuple[np.ndarray, ...]:
     """E4M3 quantisation with DeepSeek-V3's fine-grained scales.
 
     A (M, K) gets one fp32 factor per 1x128 tile (row, 128 K-columns), B (K, N) one per 128x128 block;
     each factor is ``amax / 448`` of its tile (rounded to fp32) and the values are ``RNE_e4m3(x / factor)``.
-    With ``per_tensor=True`` one factor per matrix (broadcast to the same shapes).
+    With ``per_tensor=True`` one factor per matrix (broadcast to the same shapes). An all-zero tile gets the
+    factor 1.
+
+    The factors are **decode** factors (``x ≈ q * factor``): the convention of
+    :class:`fpsim.scaling.ScaledTensor` and of ``matmul(scales=)``; for K and N multiples of 128,
+    ``ScaledTensor(aq, sa, "fp8_e4m3", block=(1, 128))`` and ``ScaledTensor(bq, sb, "fp8_e4m3",
+    block=(128, 128))`` multiply with ``fpsim.matmul`` to the same bits as
+    ``matmul(aq, bq, promote_every=128, scales=(sa, sb))``.
 
     Returns
     -------
@@ -36,14 +47,24 @@ def quantize_tiles(a: np.ndarray, b: np.ndarray, *, per_tensor: bool = False) ->
         Quantised values (float64 carriers of E4M3 values), scale_a of shape (M, G), scale_b of shape
         (G, ceil(N/128)) with ``G = ceil(K/128)``.
     """
+    a = np.asarray(_as_float_array(a, "a")[0], dtype=np.float64)
+    b = np.asarray(_as_float_array(b, "b")[0], dtype=np.float64)
+    if a.ndim != 2 or b.ndim != 2:
+        raise ValueError(f"a and b must be matrices (M, K) and (K, N), got shapes {a.shape} and {b.shape}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"a and b disagree on K: shapes {a.shape} and {b.shape}")
     m, k = a.shape
     n = b.shape[1]
     g = -(-k // _GROUP)
     nb = -(-n // _GROUP)
     fmax = float(fp8_e4m3.max)
     if per_tensor:
-        sa = np.full((m, g), float(_fround(np.max(np.abs(a)) / fmax, fp32)))
-        sb = np.full((g, nb), float(_fround(np.max(np.abs(b)) / fmax, fp32)))
+        # NaN propagates into the factor; an empty matrix has amax 0 (factor 1 below)
+        am_a = float(np.max(np.abs(a))) if a.size else 0.0
+        am_b = float(np.max(np.abs(b))) if b.size else 0.0
+        with np.errstate(over="ignore"):  # amax/448 beyond fp32: an inf factor
+            sa = np.full((m, g), float(_fround(am_a / fmax, fp32)))
+            sb = np.full((g, nb), float(_fround(am_b / fmax, fp32)))
     else:
         pad_a = np.zeros((m, g * _GROUP))
         pad_a[:, :k] = np.abs(a)
@@ -56,8 +77,9 @@ def quantize_tiles(a: np.ndarray, b: np.ndarray, *, per_tensor: bool = False) ->
     sb = np.where(sb == 0, 1.0, sb)
     sa_full = np.repeat(sa, _GROUP, axis=1)[:, :k]
     sb_full = np.repeat(np.repeat(sb, _GROUP, axis=0), _GROUP, axis=1)[:k, :n]
-    aq = np.asarray(_fround(a / sa_full, fp8_e4m3, overflow="saturate"), dtype=np.float64)
-    bq = np.asarray(_fround(b / sb_full, fp8_e4m3, overflow="saturate"), dtype=np.float64)
+    with np.errstate(invalid="ignore"):  # inf / inf (an inf tile) is NaN, as on the GPU
+        aq = np.asarray(_fround(a / sa_full, fp8_e4m3, overflow="saturate"), dtype=np.float64)
+        bq = np.asarray(_fround(b / sb_full, fp8_e4m3, overflow="saturate"), dtype=np.float64)
     return aq, bq, sa, sb
 
 
@@ -81,6 +103,7 @@ def _errors(d: np.ndarray, x: np.ndarray) -> dict[str, float]:
             "norm": float(np.linalg.norm(d - x) / np.linalg.norm(x))}
 
 
+@ieee_mode
 def deepseek_experiment(m: int = 64, n: int = 64, ks: Sequence[int] = (128, 256, 512, 1024, 2048, 4096), *,
                         distribution: str = "uniform", seed: int = 0, device: str = "h100") -> dict[str, Any]:
     """Relative error of FP8 GEMMs under the Hopper FP8 model, with and without promotion, against K.
@@ -119,8 +142,15 @@ def deepseek_experiment(m: int = 64, n: int = 64, ks: Sequence[int] = (128, 256,
     >>> r["rows"][0]["promoted_max"] < r["rows"][0]["unpromoted_max"]
     True
     """
-    if distribution not in ("uniform", "normal"):
-        raise ValueError(f"unknown distribution {distribution!r}; valid: uniform, normal")
+    distribution = parse_name(distribution, ("uniform", "normal"), "distribution")
+    for name, v in (("m", m), ("n", n)):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__}: {v!r}")
+        if v < 1:
+            raise ValueError(f"{name} must be >= 1, got {v}")
+    if isinstance(ks, (str, bytes)) or not all(isinstance(k, (int, np.integer)) and not isinstance(k, bool)
+                                               for k in ks):
+        raise TypeError(f"ks must be a sequence of ints, got {ks!r}")
     ks = [int(k) for k in ks]
     if not ks or any(k <= 0 or k % _GROUP for k in ks):
         raise ValueError(f"ks must be positive multiples of {_GROUP}, got {ks}")

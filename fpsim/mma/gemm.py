@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from .._fpenv import ieee_mode
+from .._names import parse_name
 from ..formats import Format, fp32, tf32
 from ..rounding import _as_float_array
 from ..rounding import round as _fround
@@ -32,6 +34,7 @@ from .model import (
     term_range,
 )
 from .model import _rne_out as _rne
+from .scaled import ScaledTensor
 
 __all__ = ["convert_inputs", "dot", "matmul"]
 
@@ -42,6 +45,7 @@ _BLOCK_ELEMS = 1 << 18
 _GENERIC_ELEMS = 1 << 20
 
 
+@ieee_mode
 def convert_inputs(x: Any, fmt: Format, input_rounding: str | None, name: str) -> np.ndarray:
     """Values of `x` in `fmt` as float64.
 
@@ -52,11 +56,10 @@ def convert_inputs(x: Any, fmt: Format, input_rounding: str | None, name: str) -
     """
     arr, _ = _as_float_array(x, name)
     arr = np.asarray(arr, dtype=np.float64)
-    mode = input_rounding
-    if mode is None:
+    if input_rounding is None:
         mode = "rtz" if fmt == tf32 else "rne"
-    if mode not in _INPUT_ROUNDINGS:
-        raise ValueError(f"unknown input_rounding {input_rounding!r}; valid: None, {', '.join(_INPUT_ROUNDINGS)}")
+    else:
+        mode = parse_name(input_rounding, _INPUT_ROUNDINGS, "input_rounding")
     overflow = "saturate" if fmt.width <= 8 else "ieee"
     if mode == "exact":
         r = np.asarray(_fround(arr, fmt, "rne"), dtype=np.float64)
@@ -128,6 +131,7 @@ def _lsb_top(a: np.ndarray, b: np.ndarray, model: MMAModel) -> tuple[int, int] |
     return la + lb, ta + tb
 
 
+@ieee_mode
 def dot(a: Any, b: Any, c: Any = None, model: MMAModel | str | None = None, *,
         input_rounding: str | None = None) -> Any:
     """``D = c + sum_i a[..., i] * b[..., i]`` under `model`, chaining its blocks along K in order.
@@ -162,6 +166,9 @@ def dot(a: Any, b: Any, c: Any = None, model: MMAModel | str | None = None, *,
     True
     """
     m = as_model(model)
+    if isinstance(a, ScaledTensor) or isinstance(b, ScaledTensor):
+        raise TypeError("dot takes plain arrays; multiply ScaledTensor operands with fpsim.matmul, or pass "
+                        "t.data (and apply t.scale yourself)")
     a_arr = _as_float_array(a, "a")[0]
     b_arr = _as_float_array(b, "b")[0]
     a32, b32 = a_arr.dtype == np.float32, b_arr.dtype == np.float32
@@ -178,7 +185,7 @@ def dot(a: Any, b: Any, c: Any = None, model: MMAModel | str | None = None, *,
     r = int(np.prod(shape, dtype=np.int64))
     at = np.ascontiguousarray(av.reshape(r, k).T)  # (K, R)
     bt = np.ascontiguousarray(bv.reshape(r, k).T)
-    has_specials = not (np.isfinite(at).all() and np.isfinite(bt).all())
+    has_specials = not (np.isfinite(at).all() and np.isfinite(bt).all() and np.isfinite(cv).all())
     lsb_top = _lsb_top(at, bt, m)
     xa, ea = _prepare(at, m)
     xb, eb = _prepare(bt, m)
@@ -186,6 +193,12 @@ def dot(a: Any, b: Any, c: Any = None, model: MMAModel | str | None = None, *,
         xa, ea = _pad_k(xa, ea, m.instruction_k)
         xb, eb = _pad_k(xb, eb, m.instruction_k)
     cflat = cv.reshape(r)
+    if k == 0:
+        # The empty sum is +0 (as in matmul): D = C + 0 for every model.
+        res0 = cv.reshape(shape) + 0.0
+        if a32 and b32:
+            res0 = res0.astype(np.float32)
+        return res0[()] if res0.ndim == 0 else res0
     out = np.empty(r)
     per = _BLOCK_ELEMS if m.kind == "bfma" else _GENERIC_ELEMS
     step = max(1, per // max(1, m.instruction_k if m.kind == "bfma" else k))
@@ -219,6 +232,7 @@ def _expand_scales(scales: Any, m_: int, n_: int, groups: int) -> tuple[np.ndarr
     return sa, sb
 
 
+@ieee_mode
 def matmul(A: Any, B: Any, C: Any = None, *, model: MMAModel | str | None = None,
            promote_every: int | None = None, scales: Any = None,
            input_rounding: str | None = None) -> Any:
@@ -238,7 +252,12 @@ def matmul(A: Any, B: Any, C: Any = None, *, model: MMAModel | str | None = None
         into an fp32 accumulator with one RNE rounding, as DeepSeek-V3 does on H800 (N_C = 128). Must be
         a multiple of the model's instruction depth. The result is then fp32.
     scales : (scale_a, scale_b), optional
-        Dequantisation factors applied at each promotion (requires `promote_every`): ``scale_a`` of shape
+        **Decode** (dequantisation) factors, ``x ≈ q * factor`` (TransformerEngine's ``scale_inv``), applied
+        at each promotion (requires `promote_every`). Not the *encode* scales that
+        :func:`fpsim.scaling.compute_scale` / :func:`fpsim.scaling.scale_and_quantize` return (their
+        reciprocals: passing those is wrong by the square of the scale). Prefer passing A and B as
+        :class:`~fpsim.scaling.ScaledTensor` (from :func:`fpsim.scaling.quantize_scaled`), which carry their
+        factors. ``scale_a`` of shape
         (M, G) with ``G = ceil(K / promote_every)`` (1 x promote_every tiles of A), ``scale_b`` of shape
         (G, ceil(N/128)) (promote_every x 128 blocks of B) or (G, N). At promotion
         ``acc = RN_fp32(RN_fp32(sa*sb) * partial + acc)`` (one fused multiply-add, as the CUDA-core code
@@ -249,7 +268,24 @@ def matmul(A: Any, B: Any, C: Any = None, *, model: MMAModel | str | None = None
     Returns
     -------
     ndarray
-        Shape (..., M, N); float32 when A and B are float32, else float64.
+        Shape (..., M, N); float32 when A and B are float32, else float64. K = 0 gives C (rounded to the
+        output format; +0 without C: the empty sum is +0, and a -0 addend becomes +0); M = 0 or N = 0 an
+        empty result, as NumPy.
+
+    Notes
+    -----
+    **Scaled operands.** When A and B are :class:`~fpsim.scaling.ScaledTensor` (both, at least 2-D), their
+    data (values of their formats) enter the model exactly (a format the model's input cannot hold raises
+    ``ValueError``) and their decode factors ``f = float32(scale * global_scale)`` are applied in fp32:
+
+    * factors constant along K (per tensor, per row of A, per column of B): in the epilogue, as cuBLAS
+      applies ``alpha``: ``D = RN_fp32(RN_fp32(f_a * f_b) * acc + C)`` with ``acc`` the model's product of
+      the data;
+    * factors varying along K (1 x g tiles / g x n blocks / MX and NVFP4 blocks along K, the same ``g`` for
+      A and B or one a multiple of the other): at promotion every ``g`` products, as with ``scales=``
+      (``promote_every`` defaults to ``g`` and must equal it; ``g`` must be a multiple of the model's
+      instruction depth). Hardware that applies MX/NVFP4 block scales inside the MMA instruction is not
+      modelled.
 
     Examples
     --------
@@ -261,6 +297,8 @@ def matmul(A: Any, B: Any, C: Any = None, *, model: MMAModel | str | None = None
     True
     """
     m = as_model(model)
+    if isinstance(A, ScaledTensor) or isinstance(B, ScaledTensor):
+        return _matmul_scaled(A, B, C, m, promote_every, scales, input_rounding)
     a_arr = _as_float_array(A, "A")[0]
     b_arr = _as_float_array(B, "B")[0]
     a32, b32 = a_arr.dtype == np.float32, b_arr.dtype == np.float32
@@ -274,7 +312,9 @@ def matmul(A: Any, B: Any, C: Any = None, *, model: MMAModel | str | None = None
     if a_arr.shape[-1] != b_arr.shape[-2]:
         raise ValueError(f"A and B disagree on K: A has shape {a_arr.shape}, B has shape {b_arr.shape}")
     if promote_every is not None:
-        if not isinstance(promote_every, (int, np.integer)) or promote_every < 1:
+        if isinstance(promote_every, (bool, np.bool_)) or not isinstance(promote_every, (int, np.integer)):
+            raise TypeError(f"promote_every must be an int, got {type(promote_every).__name__}: {promote_every!r}")
+        if promote_every < 1:
             raise ValueError(f"promote_every must be a positive integer, got {promote_every!r}")
         if m.kind == "bfma" and promote_every % m.instruction_k:
             raise ValueError(f"promote_every={promote_every} is not a multiple of the model's instruction "
@@ -290,7 +330,8 @@ def matmul(A: Any, B: Any, C: Any = None, *, model: MMAModel | str | None = None
     cv = _convert_c_fmt(C, fp32 if promote_every is not None else m.output, out_shape)
     if batch and bv.ndim == 2 and scales is None:
         # One shared B: stack A's batch into rows, one large GEMM (same per-output chains, fewer calls).
-        flat = _matmul2d(av.reshape(-1, kk), bv, cv.reshape(-1, nn), m, promote_every, None)
+        rows = int(np.prod(av.shape[:-1], dtype=np.int64))  # explicit: -1 is ambiguous when K or N is 0
+        flat = _matmul2d(av.reshape(rows, kk), bv, cv.reshape(rows, nn), m, promote_every, None)
         res = flat.reshape(out_shape)
     else:
         av_b = np.broadcast_to(av, batch + (mm, kk))
@@ -305,6 +346,77 @@ def matmul(A: Any, B: Any, C: Any = None, *, model: MMAModel | str | None = None
     if a32 and b32:
         res = res.astype(np.float32)
     return res[()] if np.ndim(res) == 0 else res
+
+
+def _k_factors(t: ScaledTensor, g: int, k_axis: int) -> np.ndarray:
+    """Decode factors of `t` (float32 values as float64) per element along the non-K axes and per group of
+    `g` along its K axis (``k_axis``: -1 for A, -2 for B)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        f = (t.scale * t.global_scale).astype(np.float32).astype(np.float64)
+    nd = t.ndim
+    for ax, b in enumerate(t.block):
+        rep = b // g if ax == nd + k_axis else b
+        if rep > 1:
+            f = np.repeat(f, rep, axis=ax)
+    return f
+
+
+def _matmul_scaled(A: Any, B: Any, C: Any, m: MMAModel, promote_every: int | None, scales: Any,
+                   input_rounding: str | None) -> Any:
+    """matmul of two ScaledTensor operands (see :func:`matmul`, Notes)."""
+    for name, t in (("A", A), ("B", B)):
+        if not isinstance(t, ScaledTensor):
+            raise TypeError(f"{name} is a {type(t).__name__} but the other operand is a ScaledTensor: pass both as "
+                            "ScaledTensor (wrap plain values with ScaledTensor(x, 1.0, format))")
+        if t.ndim < 2:
+            raise ValueError(f"ScaledTensor {name} must have at least 2 axes (M, K) / (K, N), got shape {t.shape}")
+    if scales is not None:
+        raise ValueError("ScaledTensor operands carry their decode factors: do not pass scales= as well")
+    if input_rounding not in (None, "exact"):
+        raise ValueError(f"ScaledTensor data are already values of their formats; input_rounding={input_rounding!r} "
+                         "does not apply (leave it None)")
+    kk = A.shape[-1]
+    if B.shape[-2] != kk:
+        raise ValueError(f"A and B disagree on K: A has shape {A.shape}, B has shape {B.shape}")
+    batch = np.broadcast_shapes(A.shape[:-2], B.shape[:-2])
+    mm, nn = A.shape[-2], B.shape[-1]
+    out_shape = batch + (mm, nn)
+    a32 = A.data.dtype == np.float32 and B.data.dtype == np.float32
+    cv = _convert_c_fmt(C, fp32, out_shape)
+    ga, gb = A.block[-1], B.block[-2]
+    if kk == 0 or mm == 0 or nn == 0 or (ga == kk and gb == kk):
+        g = max(kk, 1)
+    else:
+        g, big = min(ga, gb), max(ga, gb)
+        if big % g:
+            raise ValueError(f"the K blocks of A ({ga}) and B ({gb}) do not nest: one must divide the other")
+        if promote_every is not None and promote_every != g:
+            raise ValueError(f"A and B are scaled in groups of {g} along K, so their factors are applied at "
+                             f"promotion every {g} products; promote_every={promote_every!r} disagrees")
+        if m.kind == "bfma" and g % m.instruction_k:
+            raise ValueError(f"scale groups of {g} along K are not a multiple of the model's instruction depth "
+                             f"{m.instruction_k}: {m.name} cannot apply them at promotion")
+    if kk == 0 or mm == 0 or nn == 0:
+        res = np.empty(out_shape) if (mm == 0 or nn == 0) else cv + 0.0
+    else:
+        fa = np.broadcast_to(_k_factors(A, g, -1), batch + (mm, kk // g))
+        fb = np.broadcast_to(_k_factors(B, g, -2), batch + (kk // g, nn))
+        da = np.broadcast_to(A.data, batch + (mm, kk))
+        db = np.broadcast_to(B.data, batch + (kk, nn))
+        res = np.empty(out_shape)
+        for idx in np.ndindex(*batch) if batch else [()]:
+            if g == kk:
+                acc = np.asarray(matmul(da[idx], db[idx], model=m, promote_every=promote_every,
+                                        input_rounding="exact"), dtype=np.float64)
+                s = np.asarray(_fround(fa[idx] * fb[idx], fp32, "rne"), dtype=np.float64)  # (M,1)*(1,N)
+                with np.errstate(invalid="ignore", over="ignore"):
+                    res[idx] = fma_round(s * acc, cv[idx], fp32)
+            else:
+                res[idx] = matmul(da[idx], db[idx], cv[idx], model=m, promote_every=g,
+                                  scales=(fa[idx], fb[idx]), input_rounding="exact")
+    if a32:
+        res = res.astype(np.float32)
+    return res
 
 
 _MAX_SLICES = 6
@@ -365,9 +477,16 @@ def _matmul2d(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: MMAModel, promote_
               scales: Any) -> np.ndarray:
     mm, kk = a.shape
     nn = b.shape[1]
+    if mm == 0 or nn == 0:
+        # No outputs: nothing to tile (the tile arithmetic below divides by the tile sizes).
+        return np.empty((mm, nn))
+    if kk == 0:
+        # The empty sum is +0 (IEEE 754 §9.4 sum): D = C + 0, which also turns a -0 addend into +0.
+        return c + 0.0
     at = np.ascontiguousarray(a.T)  # (K, M)
     bk = np.ascontiguousarray(b)  # (K, N)
-    has_specials = not (np.isfinite(at).all() and np.isfinite(bk).all())
+    # C counts too: the exact kernels sum finite terms only (a NaN or inf addend went through them as garbage).
+    has_specials = not (np.isfinite(at).all() and np.isfinite(bk).all() and np.isfinite(c).all())
     if m.kind == "exact" and promote_every is None and not has_specials and kk and mm and nn:
         fast = _exact_matmul_split(a, b, c, m)
         if fast is not None:
@@ -410,8 +529,9 @@ def _matmul2d(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: MMAModel, promote_
                 k1 = min(ktot, k0 + promote_every)
                 part = _run_terms(x[k0:k1], y[k0:k1], ex[k0:k1], ey[k0:k1], zero, m, has_specials, lsb_top)
                 if sa is not None and sb is not None:
-                    s = np.asarray(_fround(sa[i0:i1, g][:, None] * sb[g, j0:j1][None, :], fp32, "rne"),
-                                   dtype=np.float64)
+                    with np.errstate(over="ignore", invalid="ignore"):  # inf/NaN factors propagate
+                        s = np.asarray(_fround(sa[i0:i1, g][:, None] * sb[g, j0:j1][None, :], fp32, "rne"),
+                                       dtype=np.float64)
                     with np.errstate(invalid="ignore", over="ignore"):
                         part = s * part
                 acc = fma_round(part, acc, fp32)
