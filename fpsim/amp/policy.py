@@ -20,7 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from .._checks import check_bool, check_int, check_real
+from .._names import norm_name, parse_name
 from ..formats import Format, as_format
+from ..nn.precision import GEMM_KINDS
 from ..rounding import Rounding, as_rounding
 from .scaler import DynamicLossScaler, LossScaler
 
@@ -44,6 +47,30 @@ OPS = ("embedding", "layernorm", "softmax", "scale", "gelu", "residual", "cross_
 LossScaleLike = Union[float, str, None]  # noqa: UP007 - a runtime alias on Python 3.10
 
 
+def _format(value: Any, what: str) -> Format:
+    """``as_format`` with the field named in its error."""
+    try:
+        return as_format(value)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{what}: {e}") from None
+
+
+def _parse_kinds(kinds: object, what: str) -> tuple[str, ...]:
+    """A non-empty tuple of GEMM kinds (:data:`fpsim.nn.GEMM_KINDS`), each parsed by the one name rule."""
+    if isinstance(kinds, str) or not isinstance(kinds, (tuple, list, set, frozenset)):
+        raise TypeError(f"{what} must be a tuple of GEMM kinds ({', '.join(GEMM_KINDS)}), "
+                        f"got {type(kinds).__name__}: {kinds!r}")
+    try:
+        given = {parse_name(k, GEMM_KINDS, "GEMM kind") for k in kinds}
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{what}: {e}") from None
+    # Canonical order (not the caller's, nor a set's hash order): the policy fingerprint must not vary.
+    out = tuple(k for k in GEMM_KINDS if k in given)
+    if not out:
+        raise ValueError(f"{what} is empty: it would apply to no GEMM; valid kinds: {', '.join(GEMM_KINDS)}")
+    return out
+
+
 @dataclass(frozen=True)
 class FP8Recipe:
     """Transformer-Engine-style FP8 GEMMs with per-tensor delayed scaling.
@@ -52,6 +79,13 @@ class FP8Recipe:
     incoming gradient to ``backward``, each with its own scale ``fp8_max / amax / 2**margin`` computed from
     the amax history of the previous steps (``amax_compute_algo`` ``"max"`` or ``"most_recent"``). Casts
     saturate. GEMM outputs are stored in the policy's activation/gradient format.
+
+    Checked here, not at the first FP8 GEMM: ``kinds`` is a non-empty tuple of :data:`fpsim.nn.GEMM_KINDS`
+    (names by the one rule; a misspelt kind raises instead of training without FP8), ``margin`` an int,
+    ``amax_history_len`` an int >= 1.
+
+    >>> FP8Recipe(kinds=(" Linear", "LM_HEAD")).kinds
+    ('linear', 'lm_head')
     """
 
     forward: Format = field(default_factory=lambda: as_format("fp8_e4m3"))
@@ -62,12 +96,16 @@ class FP8Recipe:
     kinds: tuple[str, ...] = ("linear",)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "forward", as_format(self.forward))
-        object.__setattr__(self, "backward", as_format(self.backward))
-        if self.amax_compute_algo not in ("max", "most_recent"):
-            raise ValueError(f"amax_compute_algo must be 'max' or 'most_recent', got {self.amax_compute_algo!r}")
-        if int(self.amax_history_len) < 1:
-            raise ValueError(f"amax_history_len must be >= 1, got {self.amax_history_len!r}")
+        # Everything is checked here, not at the first FP8 GEMM: a misspelt kind would otherwise train
+        # silently without FP8, and a bad margin would fail only once training had started.
+        object.__setattr__(self, "forward", _format(self.forward, "FP8Recipe.forward"))
+        object.__setattr__(self, "backward", _format(self.backward, "FP8Recipe.backward"))
+        object.__setattr__(self, "margin", check_int(self.margin, "FP8Recipe.margin"))
+        object.__setattr__(self, "amax_history_len",
+                           check_int(self.amax_history_len, "FP8Recipe.amax_history_len", lo=1))
+        object.__setattr__(self, "amax_compute_algo",
+                           parse_name(self.amax_compute_algo, ("max", "most_recent"), "amax_compute_algo"))
+        object.__setattr__(self, "kinds", _parse_kinds(self.kinds, "FP8Recipe.kinds"))
 
 
 @dataclass(frozen=True)
@@ -75,12 +113,24 @@ class QuantConfig:
     """Integer fake quantization of the GEMMs of kind ``kinds`` (torch ``FakeQuantize`` semantics).
 
     Weights: symmetric, per output channel (``per_channel=False``: one scale per tensor),
-    ``[-2**(bits-1), 2**(bits-1)-1]``, range taken from the current weights. Activations: affine, per tensor, ``[0, 2**act_bits - 1]`` (``act_bits`` defaults to ``bits``),
-    min/max from a moving-average observer (``averaging_constant``). ``start``: QAT switches fake
-    quantization on after this fraction of the training steps (0: from the first step; 0.5: FP32
-    pre-training, then QAT fine-tuning, the usual recipe). Backward: straight-through estimator masked where the rounded value fell
-    outside the range. ``mode="qat"`` fake-quantizes during training; ``mode="ptq"`` trains in the policy's
-    float formats and fake-quantizes only for evaluation after calibrating the observers.
+    ``[-2**(bits-1), 2**(bits-1)-1]``, range taken from the current weights. Activations: affine, per
+    tensor, ``[0, 2**act_bits - 1]`` (``act_bits`` defaults to ``bits``), min/max from a moving-average
+    observer (``averaging_constant``). ``start``: QAT switches fake quantization on after this fraction of
+    the training steps (0: from the first step; 0.5: FP32 pre-training, then QAT fine-tuning, the usual
+    recipe). Backward: straight-through estimator masked where the rounded value fell outside the range.
+    ``mode="qat"`` fake-quantizes during training; ``mode="ptq"`` trains in the policy's float formats and
+    fake-quantizes only for evaluation after calibrating the observers.
+
+    Every field is checked here: ``bits``/``act_bits`` ints in 2..16, ``mode`` and ``kinds`` names by the
+    one rule (``kinds`` a non-empty tuple of :data:`fpsim.nn.GEMM_KINDS`), ``0 < averaging_constant <= 1``,
+    ``calibration_batches >= 1``, ``0 <= start < 1``, ``per_channel`` a bool.
+
+    >>> QuantConfig(bits=4, mode="PTQ").mode
+    'ptq'
+    >>> QuantConfig(kinds=("linaer",))
+    Traceback (most recent call last):
+    ...
+    ValueError: QuantConfig.kinds: unknown GEMM kind 'linaer'; valid: linear, attn, lm_head
     """
 
     bits: int = 8
@@ -97,12 +147,22 @@ class QuantConfig:
             v = getattr(self, f)
             if v is None and f == "act_bits":
                 continue
-            if isinstance(v, bool) or not isinstance(v, int) or not 2 <= v <= 16:
+            v = check_int(v, f"QuantConfig.{f}")
+            if not 2 <= v <= 16:
                 raise ValueError(f"QuantConfig.{f} must be an int in 2..16, got {v!r}")
-        if self.mode not in ("qat", "ptq"):
-            raise ValueError(f"QuantConfig.mode must be 'qat' or 'ptq', got {self.mode!r}")
-        if not 0.0 <= float(self.start) < 1.0:
+            object.__setattr__(self, f, v)
+        object.__setattr__(self, "mode", parse_name(self.mode, ("qat", "ptq"), "QuantConfig.mode"))
+        object.__setattr__(self, "kinds", _parse_kinds(self.kinds, "QuantConfig.kinds"))
+        # torch's MovingAverageMinMaxObserver: x_min <- x_min + c (min(x) - x_min); c = 0 would never move.
+        object.__setattr__(self, "averaging_constant", check_real(
+            self.averaging_constant, "QuantConfig.averaging_constant", lo=0.0, hi=1.0, lo_open=True))
+        object.__setattr__(self, "calibration_batches",
+                           check_int(self.calibration_batches, "QuantConfig.calibration_batches", lo=1))
+        start = check_real(self.start, "QuantConfig.start")
+        if not 0.0 <= start < 1.0:
             raise ValueError(f"QuantConfig.start must be a fraction in [0, 1), got {self.start!r}")
+        object.__setattr__(self, "start", start)
+        object.__setattr__(self, "per_channel", check_bool(self.per_channel, "QuantConfig.per_channel"))
 
     @property
     def weight_range(self) -> tuple[int, int]:
@@ -111,6 +171,56 @@ class QuantConfig:
     @property
     def act_range(self) -> tuple[int, int]:
         return 0, 2 ** (self.bits if self.act_bits is None else self.act_bits) - 1
+
+
+def _parse_ops(ops: object) -> frozenset[str]:
+    if isinstance(ops, str) or not isinstance(ops, (tuple, list, set, frozenset)):
+        raise TypeError(f"Policy.fp32_ops must be a set of op names ({', '.join(OPS)}), "
+                        f"got {type(ops).__name__}: {ops!r}")
+    good, bad = set(), []
+    for op in ops:
+        try:
+            good.add(parse_name(op, OPS, "op"))
+        except ValueError:
+            bad.append(op)
+    if bad:
+        raise ValueError(f"Policy.fp32_ops has unknown ops {sorted(map(str, bad))}; valid: {', '.join(OPS)}")
+    return frozenset(good)
+
+
+def _parse_gemm(gemm: object, activations: Format) -> str:
+    """``"fast"``, ``"fast64"`` or the canonical name of a device whose model exists for ``activations``."""
+    key = norm_name(gemm, "Policy.gemm")
+    if key in ("fast", "fast64"):
+        return key
+    from .. import mma  # L2; imported only for a device GEMM, as the runtime does
+
+    try:
+        dev = mma.device_info(key).name
+        mma.get_model(dev, activations, "fp32")  # the pair the runtime will ask for at the first GEMM
+    except ValueError as e:
+        raise ValueError(f"Policy.gemm={gemm!r} (activations {activations.name}): not 'fast', 'fast64' or a "
+                         f"device with a model for these inputs: {e}") from None
+    return dev
+
+
+_SCALER_KEYS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
+
+
+def _check_scaler_kwargs(kwargs: object, loss_scale: object) -> dict[str, Any]:
+    if not isinstance(kwargs, Mapping):
+        raise TypeError(f"Policy.scaler_kwargs must be a mapping, got {type(kwargs).__name__}")
+    kw = dict(kwargs)
+    if not kw:
+        return kw
+    if loss_scale != "dynamic":
+        raise ValueError(f"Policy.scaler_kwargs {kw} apply only with loss_scale='dynamic', got "
+                         f"loss_scale={loss_scale!r}")
+    bad = sorted(str(k) for k in kw if k not in _SCALER_KEYS)
+    if bad:
+        raise ValueError(f"Policy.scaler_kwargs has unknown keys {bad}; valid: {', '.join(_SCALER_KEYS)}")
+    DynamicLossScaler(**kw)  # its own checks, now rather than at the first step
+    return kw
 
 
 @dataclass(frozen=True)
@@ -137,9 +247,13 @@ class Policy:
     gemm : str
         ``"fast"``: round the operands, multiply with float32 BLAS, round the result once; ``"fast64"``:
         the same with float64 BLAS; any other value is a device name for ``fpsim.mma.get_model`` (bit-exact
-        block-FMA emulation, much slower).
+        block-FMA emulation, much slower). Parsed by the one name rule (``"FAST"`` is ``"fast"``); a device
+        is looked up, with its model for ``activations``, when the policy is built, and stored canonical
+        (``" A100-SXM4"`` becomes ``"a100"``).
     loss_scale : None, float or "dynamic"
-        No scaling, a static scale, or a :class:`DynamicLossScaler` built from ``scaler_kwargs``.
+        No scaling, a finite positive static scale, or a :class:`DynamicLossScaler` built from
+        ``scaler_kwargs`` (keys ``init_scale``, ``growth_factor``, ``backoff_factor``, ``growth_interval``,
+        checked when the policy is built; refused without ``"dynamic"``, where they would be ignored).
     fp8 : FP8Recipe or None
     quant : QuantConfig or None
     rounding : str
@@ -164,28 +278,43 @@ class Policy:
     description: str = ""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
+        # Every field is checked (and every name parsed by the one rule) here, so a policy that
+        # constructs is one that trains: nothing fails later at the first step.
+        if not isinstance(self.name, str):
+            raise TypeError(f"Policy.name must be a str, got {type(self.name).__name__}: {self.name!r}")
+        if not self.name.strip():
             raise ValueError(f"Policy.name must be a non-empty str, got {self.name!r}")
+        if not isinstance(self.description, str):
+            raise TypeError(f"Policy.description must be a str, got {type(self.description).__name__}")
         for f in ("params", "activations", "gradients", "optimizer_state"):
-            fmt = as_format(getattr(self, f))
+            fmt = _format(getattr(self, f), f"Policy.{f}")
             if not fmt.fits_float32:
                 raise ValueError(f"Policy.{f}={fmt.name}: fpsim.amp carries tensors in float32; "
                                  "choose a format that fits in float32")
             object.__setattr__(self, f, fmt)
         if self.master is not None:
-            object.__setattr__(self, "master", as_format(self.master))
-        ops = frozenset(self.fp32_ops)
-        bad = ops - set(OPS)
-        if bad:
-            raise ValueError(f"Policy.fp32_ops has unknown ops {sorted(bad)}; valid: {', '.join(OPS)}")
-        object.__setattr__(self, "fp32_ops", ops)
-        if not isinstance(self.gemm, str) or not self.gemm:
-            raise ValueError(f"Policy.gemm must be 'fast', 'fast64' or an fpsim.mma device name, got {self.gemm!r}")
+            object.__setattr__(self, "master", _format(self.master, "Policy.master"))
+        object.__setattr__(self, "fp32_ops", _parse_ops(self.fp32_ops))
+        object.__setattr__(self, "gemm", _parse_gemm(self.gemm, self.activations))
         ls = self.loss_scale
-        if not (ls is None or ls == "dynamic" or (isinstance(ls, (int, float)) and not isinstance(ls, bool)
-                                                  and ls > 0)):
-            raise ValueError(f"Policy.loss_scale must be None, a positive number or 'dynamic', got {ls!r}")
-        object.__setattr__(self, "scaler_kwargs", dict(self.scaler_kwargs))
+        if isinstance(ls, str):
+            ls = parse_name(ls, ("dynamic",), "Policy.loss_scale")
+        elif ls is not None:
+            try:
+                v = check_real(ls, "Policy.loss_scale", lo=0.0, lo_open=True)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"Policy.loss_scale must be None, a positive number or 'dynamic', got {ls!r}") from None
+            ls = ls if type(ls) in (int, float) else v  # NumPy scalars become floats (JSON, fingerprint)
+        object.__setattr__(self, "loss_scale", ls)
+        object.__setattr__(self, "scaler_kwargs", _check_scaler_kwargs(self.scaler_kwargs, ls))
+        if self.fp8 is not None and not isinstance(self.fp8, FP8Recipe):
+            raise TypeError(f"Policy.fp8 must be an FP8Recipe or None, got {type(self.fp8).__name__}")
+        if self.quant is not None and not isinstance(self.quant, QuantConfig):
+            raise TypeError(f"Policy.quant must be a QuantConfig or None, got {type(self.quant).__name__}")
+        if self.fp8 is not None and self.quant is not None:
+            both = sorted(set(self.fp8.kinds) & set(self.quant.kinds))
+            if both:  # FP8 would win and the quantization config would be ignored for these GEMMs
+                raise ValueError(f"Policy.fp8 and Policy.quant both claim GEMM kinds {both}; give each kind to one")
         r = as_rounding(self.rounding)
         object.__setattr__(self, "rounding", r.value)
 
@@ -249,9 +378,7 @@ class Policy:
 
     def memory_ledger(self, optimizer: str = "adamw") -> dict[str, float]:
         """Bytes per parameter: weights (the low-precision copy), gradients, master, optimizer state."""
-        nstate = {"adamw": 2, "sgd": 1}.get(optimizer)
-        if nstate is None:
-            raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {optimizer!r}")
+        nstate = {"adamw": 2, "sgd": 1}[parse_name(optimizer, ("adamw", "sgd"), "optimizer")]
         w = self.params.width / 8
         g = self.gradients.width / 8
         m = 0.0 if self.master is None or self.master == self.params else self.master.width / 8
@@ -266,8 +393,15 @@ def register_policy(policy: Policy, *, overwrite: bool = False) -> Policy:
     """Add a policy to the registry under ``policy.name``."""
     if not isinstance(policy, Policy):
         raise TypeError(f"register_policy needs a Policy, got {type(policy).__name__}")
-    if policy.name in _REGISTRY and not overwrite:
-        raise ValueError(f"a policy named {policy.name!r} is already registered (pass overwrite=True)")
+    # Names are looked up by the one rule, so "Mine" and "mine " would be the same name.
+    if policy.name != policy.name.strip():
+        raise ValueError(f"a registered policy name cannot start or end with white space, got {policy.name!r}")
+    same = [k for k in _REGISTRY if k.lower() == norm_name(policy.name, "policy name")]
+    if same and not overwrite:
+        raise ValueError(f"a policy named {same[0]!r} is already registered (pass overwrite=True)")
+    for k in same:
+        if k != policy.name:
+            del _REGISTRY[k]
     _REGISTRY[policy.name] = policy
     return policy
 
@@ -281,9 +415,9 @@ def get_policy(policy: str | Policy) -> Policy:
     """Look a policy up by name (a :class:`Policy` is returned as is)."""
     if isinstance(policy, Policy):
         return policy
-    if isinstance(policy, str) and policy in _REGISTRY:
-        return _REGISTRY[policy]
-    raise ValueError(f"unknown policy {policy!r}; valid: {', '.join(_REGISTRY)}")
+    if not isinstance(policy, str):
+        raise TypeError(f"policy must be a Policy or a name, got {type(policy).__name__}: {policy!r}")
+    return _REGISTRY[parse_name(policy, _REGISTRY, "policy")]
 
 
 def _builtin() -> None:

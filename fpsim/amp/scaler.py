@@ -9,12 +9,21 @@ there is no minimum or maximum scale.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from .._checks import check_int
+
 __all__ = ["DynamicLossScaler", "LossScaler"]
+
+
+def _real(value: object, what: str) -> None:
+    """A number (not a string, not a bool): ``float("8")`` would otherwise accept text silently."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.floating, np.integer)):
+        raise TypeError(f"{what} must be a real number, got {type(value).__name__}: {value!r}")
 
 
 def _finite(grads: Mapping[str, np.ndarray]) -> bool:
@@ -37,6 +46,7 @@ class LossScaler:
     dynamic = False
 
     def __init__(self, scale: float = 1.0) -> None:
+        _real(scale, "LossScaler scale")
         s = float(scale)
         if not (math.isfinite(s) and s > 0):
             raise ValueError(f"LossScaler scale must be finite and > 0, got {scale!r}")
@@ -96,12 +106,15 @@ class DynamicLossScaler(LossScaler):
 
     def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
                  growth_interval: int = 2000) -> None:
+        for v, what in ((init_scale, "init_scale"), (growth_factor, "growth_factor"),
+                        (backoff_factor, "backoff_factor")):
+            _real(v, what)
         if not float(growth_factor) > 1.0:
             raise ValueError(f"growth_factor must be > 1, got {growth_factor!r}")
-        if not float(backoff_factor) < 1.0:
-            raise ValueError(f"backoff_factor must be < 1, got {backoff_factor!r}")
-        if isinstance(growth_interval, bool) or not isinstance(growth_interval, (int, np.integer)) \
-                or growth_interval < 1:
+        # A factor <= 0 would make the scale 0 or negative: no loss scaler can recover from that.
+        if not 0.0 < float(backoff_factor) < 1.0:
+            raise ValueError(f"backoff_factor must be in (0, 1), got {backoff_factor!r}")
+        if check_int(growth_interval, "growth_interval") < 1:
             raise ValueError(f"growth_interval must be a positive int, got {growth_interval!r}")
         self._scale = np.float32(init_scale)  # like torch: any value, even 0 or inf, is taken as given
         self.growth_factor = float(growth_factor)

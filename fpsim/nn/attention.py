@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .._checks import check_int
 from .layers import linear_backward, linear_forward, softmax_backward, softmax_forward
 from .precision import FULL, Precision
 
@@ -35,7 +36,11 @@ def attention_forward(x: np.ndarray, w_qkv: np.ndarray, b_qkv: np.ndarray | None
     >>> out.shape
     (2, 5, 8)
     """
+    x = np.asarray(x)
+    if x.ndim != 3:
+        raise ValueError(f"x must be (B, T, C), got shape {x.shape}")
     B, T, C = x.shape
+    n_head = check_int(n_head, "n_head", lo=1)
     if C % n_head:
         raise ValueError(f"n_embd={C} is not divisible by n_head={n_head}")
     hd = C // n_head

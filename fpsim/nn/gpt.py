@@ -17,13 +17,16 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
+from .._checks import check_bool, check_int, check_real
 from .attention import attention_backward, attention_forward
 from .layers import (
+    _check_ids,
     cross_entropy_backward,
     cross_entropy_forward,
     embedding_backward,
@@ -61,21 +64,70 @@ class GPTConfig:
     ln_eps: float = 1e-5
 
     def __post_init__(self) -> None:
+        # Stored as plain Python numbers: the config travels as JSON inside checkpoints.
         for f in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            v = getattr(self, f)
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+            v = check_int(getattr(self, f), f"GPTConfig.{f}")
+            if v < 1:
                 raise ValueError(f"GPTConfig.{f} must be a positive int, got {v!r}")
+            object.__setattr__(self, f, v)
         if self.n_embd % self.n_head:
             raise ValueError(f"GPTConfig.n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
-        if not self.init_std > 0:
-            raise ValueError(f"GPTConfig.init_std must be > 0, got {self.init_std!r}")
+        for f in ("tie_weights", "bias"):
+            object.__setattr__(self, f, check_bool(getattr(self, f), f"GPTConfig.{f}"))
+        object.__setattr__(self, "init_std", check_real(self.init_std, "GPTConfig.init_std", lo=0.0, lo_open=True))
+        object.__setattr__(self, "ln_eps", check_real(self.ln_eps, "GPTConfig.ln_eps", lo=0.0))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
+def _param_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every parameter of ``cfg``'s model, in :func:`init_params` order."""
+    C, V, T = cfg.n_embd, cfg.vocab_size, cfg.block_size
+    p: dict[str, tuple[int, ...]] = {"wte": (V, C), "wpe": (T, C)}
+    for i in range(cfg.n_layer):
+        h = f"h{i}"
+        p.update({f"{h}.ln1.g": (C,), f"{h}.ln1.b": (C,), f"{h}.attn.qkv.w": (C, 3 * C),
+                  f"{h}.attn.proj.w": (C, C), f"{h}.ln2.g": (C,), f"{h}.ln2.b": (C,),
+                  f"{h}.mlp.fc.w": (C, 4 * C), f"{h}.mlp.proj.w": (4 * C, C)})
+        if cfg.bias:
+            p.update({f"{h}.attn.qkv.b": (3 * C,), f"{h}.attn.proj.b": (C,), f"{h}.mlp.fc.b": (4 * C,),
+                      f"{h}.mlp.proj.b": (C,)})
+    p.update({"lnf.g": (C,), "lnf.b": (C,)})
+    if not cfg.tie_weights:
+        p["lm_head.w"] = (C, V)
+    return p
+
+
+def _check_params(params: Any, cfg: GPTConfig, what: str = "params", *, finite: bool = False) -> None:
+    """Refuse parameters that do not fit ``cfg``: missing or unknown names, wrong shapes, non-float
+    dtypes (and, with ``finite=True``, inf or NaN values), each error naming the tensor."""
+    if not isinstance(params, Mapping):
+        raise TypeError(f"{what} must be a mapping of name -> array, got {type(params).__name__}")
+    want = _param_shapes(cfg)
+    missing, extra = [k for k in want if k not in params], sorted(str(k) for k in params if k not in want)
+    if missing or extra:
+        raise ValueError(f"{what}: names do not match the GPTConfig: missing {missing}, unexpected {extra}")
+    for k, shape in want.items():
+        v = params[k]
+        dt = getattr(v, "dtype", None)
+        if not isinstance(v, np.ndarray) or dt is None or dt.kind != "f":
+            raise TypeError(f"{what}[{k!r}] must be a float NumPy array, got {type(v).__name__}"
+                            f"{'' if dt is None else ' of dtype ' + str(dt)}")
+        if isinstance(v, np.ma.MaskedArray):  # the mask would be dropped and the hidden values used
+            raise TypeError(f"{what}[{k!r}]: masked arrays are not supported; pass .filled(value)")
+        if v.shape != shape:
+            raise ValueError(f"{what}[{k!r}] has shape {v.shape}; the GPTConfig needs {shape}")
+        if finite and not np.isfinite(v).all():
+            raise ValueError(f"{what}[{k!r}] holds inf or NaN values")
+
+
 def init_params(cfg: GPTConfig, seed: int = 0, dtype: Any = np.float32) -> dict[str, np.ndarray]:
     """GPT-2 style initial parameters (normal(0, init_std), zero biases, unit LayerNorm gains)."""
+    if not isinstance(cfg, GPTConfig):
+        raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}")
+    if np.dtype(dtype).kind != "f":
+        raise TypeError(f"dtype must be a float dtype, got {np.dtype(dtype)}")
     rng = np.random.default_rng(seed)
     C, V, T, L = cfg.n_embd, cfg.vocab_size, cfg.block_size, cfg.n_layer
     std = cfg.init_std
@@ -134,15 +186,33 @@ def gpt_forward(params: dict[str, np.ndarray], cfg: GPTConfig, idx: np.ndarray, 
                 loss_normalizer: int | None = None) -> tuple[np.ndarray, np.ndarray | None, Any]:
     """Logits (B, T, V), the cross-entropy over non-ignored targets (or None), and the cache.
 
-    idx, targets (B, T) ints; T <= block_size. The loss is the mean over the non-ignored targets, or
-    their sum divided by ``loss_normalizer`` (see :func:`~fpsim.nn.layers.cross_entropy_forward`).
+    idx (B, T) integer token ids in ``[0, vocab_size)``, B >= 1, 1 <= T <= block_size; targets (B, T)
+    integer classes in ``[0, vocab_size)`` or ``ignore_index`` (default -1: not scored). The loss is the
+    mean over the non-ignored targets, or their sum divided by ``loss_normalizer`` (see
+    :func:`~fpsim.nn.layers.cross_entropy_forward`). Everything is checked before any work: ``TypeError``
+    for wrong kinds (float ids, a params that is not a dict of float arrays), ``ValueError`` for values
+    (ids out of range, shapes, names).
     """
-    idx = np.asarray(idx)
+    if not isinstance(cfg, GPTConfig):
+        raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}")
+    if not isinstance(prec, Precision):
+        raise TypeError(f"prec must implement fpsim.nn.Precision, got {type(prec).__name__}")
+    _check_params(params, cfg)
+    idx = _check_ids(idx, cfg.vocab_size, "idx")
     if idx.ndim != 2:
         raise ValueError(f"idx must be (B, T), got shape {idx.shape}")
-    T = idx.shape[1]
+    B, T = idx.shape
+    if B < 1 or T < 1:
+        raise ValueError(f"idx must hold at least one sequence of at least one token, got shape {idx.shape}")
     if T > cfg.block_size:
         raise ValueError(f"sequence length {T} exceeds block_size {cfg.block_size}")
+    if targets is not None:
+        ignore_index = check_int(ignore_index, "ignore_index")
+        targets = _check_ids(targets, cfg.vocab_size, "targets", ignore_index=ignore_index)
+        if targets.shape != idx.shape:
+            raise ValueError(f"targets must have idx's shape {idx.shape}, got {targets.shape}")
+    if loss_normalizer is not None:
+        loss_normalizer = check_int(loss_normalizer, "loss_normalizer", lo=1)
     caches: dict[str, Any] = {}
     tok, caches["wte"] = embedding_forward(idx, params["wte"])                     # (B, T, C)
     pos = params["wpe"][:T]                                                        # (T, C)

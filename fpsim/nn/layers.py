@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .._checks import check_int
 from .precision import FULL, Precision
 
 __all__ = [
@@ -43,8 +44,43 @@ Cache = Any
 
 # ---------------------------------------------------------------------------------------------- embedding
 
+def _check_ids(ids: Any, n: int, what: str, *, ignore_index: int | None = None) -> np.ndarray:
+    """``ids`` as an integer array whose every value is in ``[0, n)`` (or equals ``ignore_index``).
+
+    Raises ``TypeError`` for a non-integer array (floats, bools) and ``ValueError`` naming the first
+    value out of range and where it is. NumPy would read ``-1`` as the last row silently and give a bare
+    ``IndexError`` for the rest.
+
+    >>> _check_ids([[0, 3]], 4, "idx").tolist()
+    [[0, 3]]
+    >>> _check_ids([[0, 4]], 4, "idx")
+    Traceback (most recent call last):
+    ...
+    ValueError: idx[0, 1] = 4 is not a valid id: need 0 <= id < 4
+    """
+    if isinstance(ids, np.ma.MaskedArray):  # np.asarray would drop the mask and read the hidden ids
+        raise TypeError(f"{what}: masked arrays are not supported; pass {what}.filled(value)")
+    a = np.asarray(ids)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{what} must be an integer array, got dtype {a.dtype}")
+    if a.size:
+        bad = (a < 0) | (a >= n)
+        if ignore_index is not None:
+            bad &= a != ignore_index
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            pos = f"[{', '.join(map(str, where))}]" if where else ""
+            extra = f" or = {ignore_index} (ignored)" if ignore_index is not None else ""
+            raise ValueError(f"{what}{pos} = {a[where]} is not a valid id: need 0 <= id < {n}{extra}")
+    return a
+
+
 def embedding_forward(idx: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, Cache]:
-    """Look up rows of ``w``. idx (B, T) int, w (V, C) -> out (B, T, C)."""
+    """Look up rows of ``w``. idx (B, T) int with values in [0, V), w (V, C) -> out (B, T, C)."""
+    w = np.asarray(w)
+    if w.ndim != 2:
+        raise ValueError(f"embedding weight must be (V, C), got shape {w.shape}")
+    idx = _check_ids(idx, w.shape[0], "idx")
     out = w[idx]                                                  # (B, T, C)
     return out, (idx, w.shape)
 
@@ -124,7 +160,9 @@ def gelu_backward(dout: np.ndarray, cache: Cache) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------- softmax
 
 def softmax_forward(x: np.ndarray) -> tuple[np.ndarray, Cache]:
-    """Softmax over the last axis (``-inf`` entries get probability 0). x (..., K) -> y (..., K)."""
+    """Softmax over the last axis (``-inf`` entries get probability 0). x (..., K) -> y (..., K), K >= 1."""
+    if np.ndim(x) < 1 or np.shape(x)[-1] < 1:
+        raise ValueError(f"softmax needs at least one entry on the last axis, got shape {np.shape(x)}")
     m = x.max(axis=-1, keepdims=True)
     e = np.exp(x - m)
     y = e / e.sum(axis=-1, keepdims=True)
@@ -159,15 +197,23 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index:
     A larger ``normalizer`` is the loss of one micro-batch of a bigger batch (gradient accumulation or
     data parallelism divide every micro-batch's sum by the global token count).
 
-    logits (B, T, V), targets (B, T) int -> scalar loss (0-d array, logits' dtype).
+    logits (B, T, V), targets (B, T) int -> scalar loss (0-d array, logits' dtype). Every target is a
+    class in ``[0, V)`` or ``ignore_index`` (default -1, PyTorch's convention in nanoGPT); anything else
+    raises ``ValueError``.
     """
+    logits = np.asarray(logits)
+    if logits.dtype.kind != "f" or logits.ndim < 1 or logits.shape[-1] < 1:
+        raise ValueError(f"logits must be a float array (..., V) with V >= 1, got {logits.dtype} {logits.shape}")
+    ignore_index = check_int(ignore_index, "ignore_index")
     V = logits.shape[-1]
+    targets = _check_ids(targets, V, "targets", ignore_index=ignore_index)
+    if targets.shape != logits.shape[:-1]:
+        raise ValueError(f"targets must have shape {logits.shape[:-1]} (the logits' without V), "
+                         f"got {targets.shape}")
     z = logits.reshape(-1, V)                                     # (N, V)
     t = targets.reshape(-1)                                       # (N,)
     valid = t != ignore_index
-    n = max(int(valid.sum()), 1) if normalizer is None else int(normalizer)
-    if n < 1:
-        raise ValueError(f"normalizer must be a positive int, got {normalizer!r}")
+    n = max(int(valid.sum()), 1) if normalizer is None else check_int(normalizer, "normalizer", lo=1)
     m = z.max(axis=-1, keepdims=True)
     e = np.exp(z - m)
     s = e.sum(axis=-1, keepdims=True)

@@ -14,11 +14,14 @@ token where the loss counts and ``-1`` (ignored) elsewhere. The trainer seeds th
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from .._checks import check_int
+from .._names import parse_name
 
 __all__ = ["CharText", "ModularAddition", "SequenceTask", "Task", "get_task", "task_names"]
 
@@ -56,8 +59,9 @@ class SequenceTask(Task):
     length: int = 8
 
     def __post_init__(self) -> None:
-        if self.kind not in _TRANSFORMS:
-            raise ValueError(f"unknown sequence task {self.kind!r}; valid: {', '.join(_TRANSFORMS)}")
+        self.kind = parse_name(self.kind, _TRANSFORMS, "sequence task")
+        self.n_symbols = check_int(self.n_symbols, "SequenceTask.n_symbols")
+        self.length = check_int(self.length, "SequenceTask.length")
         if self.n_symbols < 2 or self.length < 1:
             raise ValueError(f"need n_symbols >= 2 and length >= 1, got {self.n_symbols}, {self.length}")
         self.name = self.kind
@@ -65,6 +69,7 @@ class SequenceTask(Task):
         self.seq_len = 2 * self.length
 
     def batch(self, rng: np.random.Generator, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        batch_size = _check_batch(rng, batch_size)
         L = self.length
         s = rng.integers(0, self.n_symbols, size=(batch_size, L))                     # (B, L)
         ans = _TRANSFORMS[self.kind](s)                                                # (B, L)
@@ -86,6 +91,7 @@ class ModularAddition(Task):
     p: int = 13
 
     def __post_init__(self) -> None:
+        self.p = check_int(self.p, "ModularAddition.p")
         if self.p < 2:
             raise ValueError(f"modulus p must be >= 2, got {self.p}")
         self.name = "modadd"
@@ -93,6 +99,7 @@ class ModularAddition(Task):
         self.seq_len = 3
 
     def batch(self, rng: np.random.Generator, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        batch_size = _check_batch(rng, batch_size)
         a = rng.integers(0, self.p, size=batch_size)
         b = rng.integers(0, self.p, size=batch_size)
         x = np.stack([a, b, np.full(batch_size, self.p)], axis=1).astype(np.int64)    # (B, 3)
@@ -114,10 +121,12 @@ class CharText(Task):
                  seq_len: int = 32) -> None:
         if (text is None) == (path is None):
             raise ValueError("give exactly one of text= or path=")
+        seq_len = check_int(seq_len, "CharText.seq_len", lo=1)
         if path is not None:
             with open(path, encoding="utf-8") as f:
                 text = f.read()
-        assert text is not None
+        if not isinstance(text, str):
+            raise TypeError(f"CharText text must be a str, got {type(text).__name__}")
         if len(text) < seq_len + 2:
             raise ValueError(f"text has {len(text)} characters; need at least seq_len + 2 = {seq_len + 2}")
         self.chars = sorted(set(text))
@@ -128,6 +137,7 @@ class CharText(Task):
         self.source = str(path) if path is not None else "<text>"
 
     def batch(self, rng: np.random.Generator, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        batch_size = _check_batch(rng, batch_size)
         T = self.seq_len
         i = rng.integers(0, self.data.size - T - 1, size=batch_size)                   # (B,)
         ix = i[:, None] + np.arange(T + 1)[None, :]                                    # (B, T+1)
@@ -141,19 +151,51 @@ class CharText(Task):
         return {**super().describe(), "source": self.source}
 
 
+def _check_batch(rng: object, batch_size: object) -> int:
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    return check_int(batch_size, "batch_size", lo=1)
+
+
+#: The keyword arguments each task takes (``get_task`` refuses others before building anything).
+_TASK_KWARGS: dict[str, tuple[str, ...]] = {
+    "copy": ("n_symbols", "length"), "reverse": ("n_symbols", "length"), "sort": ("n_symbols", "length"),
+    "modadd": ("p",), "text": ("text", "path", "seq_len"),
+}
+
+
 def task_names() -> list[str]:
     return ["copy", "reverse", "sort", "modadd", "text"]
 
 
+def _parse_task_name(name: object) -> str:
+    """The canonical task name by the one name rule (``" Reverse"`` is ``"reverse"``)."""
+    return parse_name(name, task_names(), "task")
+
+
+def _check_task_kwargs(name: str, kwargs: object) -> dict[str, Any]:
+    """``kwargs`` as a dict whose keys task ``name`` takes (ValueError listing them otherwise)."""
+    if not isinstance(kwargs, Mapping):
+        raise TypeError(f"task_kwargs must be a mapping, got {type(kwargs).__name__}: {kwargs!r}")
+    kw = dict(kwargs)
+    valid = _TASK_KWARGS[_parse_task_name(name)]
+    bad = sorted(str(k) for k in kw if k not in valid)
+    if bad:
+        raise ValueError(f"task {name!r} takes no arguments {bad}; valid: {', '.join(valid)}")
+    return kw
+
+
 def get_task(name: str | Task, **kwargs: Any) -> Task:
     """A task by name: ``copy``, ``reverse``, ``sort`` (kwargs n_symbols, length), ``modadd`` (p),
-    ``text`` (path= or text=, seq_len)."""
+    ``text`` (path= or text=, seq_len). Names follow the one rule (case and surrounding space ignored)."""
     if isinstance(name, Task):
+        if kwargs:
+            raise ValueError(f"task arguments {sorted(kwargs)} given with a Task object; build the Task with them")
         return name
-    if name in _TRANSFORMS:
-        return SequenceTask(kind=name, **kwargs)
-    if name == "modadd":
-        return ModularAddition(**kwargs)
-    if name == "text":
-        return CharText(**kwargs)
-    raise ValueError(f"unknown task {name!r}; valid: {', '.join(task_names())}")
+    key = _parse_task_name(name)
+    kw = _check_task_kwargs(key, kwargs)
+    if key in _TRANSFORMS:
+        return SequenceTask(kind=key, **kw)
+    if key == "modadd":
+        return ModularAddition(**kw)
+    return CharText(**kw)
