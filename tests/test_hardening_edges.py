@@ -18,3 +18,16 @@ def test_strategies_reachable_as_attribute_and_lazy() -> None:
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_progress_with_ipykernel_imported_but_no_kernel() -> None:
+    """A process that imported ipykernel (e.g. after running notebooks) but has no kernel trains quietly;
+    it crashed with AttributeError on None.update before."""
+    code = (
+        "import ipykernel\n"
+        "from fpsim.train import TrainConfig, Trainer\n"
+        "h = Trainer('fp32', TrainConfig(steps=2, batch_size=4)).run(progress=True)\n"
+        "assert len(h['loss']) == 2\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr

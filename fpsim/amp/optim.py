@@ -16,11 +16,14 @@ rounding swallowed: an update smaller than half an ulp of its weight leaves the 
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
+from .._names import parse_name
 from .policy import Policy
 
 __all__ = ["SGD", "AdamW", "MasterWeights", "make_optimizer"]
@@ -33,15 +36,32 @@ def _identity(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def _numbers(who: str, **values: object) -> None:
+    """Hyperparameters are finite real numbers (not bools or strings; inf and NaN would make every
+    update inf or NaN); the ranges are checked by each optimizer."""
+    for name, v in values.items():
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (numbers.Real, np.floating, np.integer)):
+            raise TypeError(f"{who} {name} must be a real number, got {type(v).__name__}: {v!r}")
+        if not math.isfinite(float(v)):
+            raise ValueError(f"{who} {name} must be finite, got {v!r}")
+
+
+def _callable(who: str, f: object) -> None:
+    if not callable(f):
+        raise TypeError(f"{who} cast_state must be callable, got {type(f).__name__}")
+
+
 class SGD:
     """SGD with momentum (torch semantics: ``buf = momentum*buf + g``; update ``lr*buf``), decoupled
     weight decay optional. The momentum buffer is rounded with ``cast_state`` after every step."""
 
     def __init__(self, lr: float = 0.01, momentum: float = 0.9, weight_decay: float = 0.0,
                  cast_state: Cast = _identity) -> None:
+        _numbers("SGD", lr=lr, momentum=momentum, weight_decay=weight_decay)
         if not lr >= 0 or not 0 <= momentum < 1 or not weight_decay >= 0:
             raise ValueError(f"SGD needs lr >= 0, 0 <= momentum < 1, weight_decay >= 0; got {lr}, {momentum}, "
                              f"{weight_decay}")
+        _callable("SGD", cast_state)
         self.lr, self.momentum, self.weight_decay = float(lr), float(momentum), float(weight_decay)
         self.cast_state = cast_state
         self.state: dict[str, np.ndarray] = {}
@@ -81,7 +101,11 @@ class AdamW:
 
     def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, cast_state: Cast = _identity) -> None:
+        if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
+            raise TypeError(f"AdamW betas must be a pair (b1, b2), got {betas!r}")
         b1, b2 = betas
+        _numbers("AdamW", lr=lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+        _callable("AdamW", cast_state)
         if not lr >= 0 or not 0 <= b1 < 1 or not 0 <= b2 < 1 or not eps >= 0 or not weight_decay >= 0:
             raise ValueError(f"AdamW needs lr >= 0, 0 <= betas < 1, eps >= 0, weight_decay >= 0; got lr={lr}, "
                              f"betas={betas}, eps={eps}, weight_decay={weight_decay}")
@@ -125,17 +149,18 @@ class AdamW:
 
 
 def make_optimizer(name: str, policy: Policy, runtime: Any, **kwargs: Any) -> SGD | AdamW:
-    """``"adamw"`` or ``"sgd"`` with its state kept in ``policy.optimizer_state``."""
+    """``"adamw"`` or ``"sgd"`` (by the one name rule) with its state kept in ``policy.optimizer_state``."""
+    kind = parse_name(name, ("adamw", "sgd"), "optimizer")
+    if not isinstance(policy, Policy):
+        raise TypeError(f"policy must be a Policy, got {type(policy).__name__}")
     fmt = policy.optimizer_state
 
     def cast_state(x: np.ndarray) -> np.ndarray:
         return np.asarray(runtime.cast(x, fmt))
 
-    if name == "adamw":
+    if kind == "adamw":
         return AdamW(cast_state=cast_state, **kwargs)
-    if name == "sgd":
-        return SGD(cast_state=cast_state, **kwargs)
-    raise ValueError(f"unknown optimizer {name!r}; valid: adamw, sgd")
+    return SGD(cast_state=cast_state, **kwargs)
 
 
 class MasterWeights:
@@ -150,8 +175,19 @@ class MasterWeights:
         self.policy = policy
         self.runtime = runtime
         self.fmt = policy.weights
-        self.weights: dict[str, np.ndarray] = {k: runtime.cast(np.asarray(v, _F32), self.fmt)
-                                               for k, v in params.items()}
+        #: Carrier dtype of the stored weights: float32, or float64 for a format wider than float32 (an FP64
+        #: master keeps float64 weights and applies updates in float64, never rounding through float32).
+        self.dtype = np.dtype(_F32 if self.fmt.fits_float32 else np.float64)
+        self.weights: dict[str, np.ndarray] = {k: self._store(v) for k, v in params.items()}
+
+    def _store(self, x: Any) -> np.ndarray:
+        """``x`` rounded once to the storage format, in the storage dtype."""
+        if self.dtype == _F32:  # (a float64 input, e.g. init= weights, is rounded once by the cast too)
+            return np.asarray(self.runtime.cast(np.asarray(x), self.fmt))
+        from ..rounding import round as fround
+
+        return np.asarray(fround(np.asarray(x, np.float64), self.fmt, self.policy.rounding, rng=self.runtime.rng),
+                          np.float64)
 
     def apply(self, updates: Mapping[str, np.ndarray]) -> dict[str, float]:
         """``w <- round(w - update)`` in the storage format; returns per tensor the fraction of nonzero
@@ -161,7 +197,7 @@ class MasterWeights:
         self.last_lost = self.last_nonzero = 0
         for k, u in updates.items():
             w = self.weights[k]
-            new = self.runtime.cast(w - u, self.fmt)
+            new = self._store(w - u)
             want = u != 0
             n = int(np.count_nonzero(want))
             nl = int(np.count_nonzero(want & (new == w)))

@@ -73,8 +73,11 @@ class PolicyRuntime:
 
     # ------------------------------------------------------------------ casts
     def cast(self, x: np.ndarray, fmt: Format) -> np.ndarray:
-        """Round ``x`` (float32 carrier) into ``fmt`` with the policy's rounding mode."""
+        """Round ``x`` (float32 carrier; float64 for FP64 master weights) into ``fmt`` with the policy's
+        rounding mode, once; the result is a float32 carrier."""
         x = np.asarray(x)
+        if x.dtype == np.float64:  # e.g. FP64 master weights: round once from float64, not through float32
+            return np.asarray(fround(x, fmt, self.policy.rounding, rng=self.rng), np.float32)
         if x.dtype != np.float32:
             x = x.astype(np.float32)
         if fmt == _FP32:
@@ -179,7 +182,10 @@ class PolicyRuntime:
     def _fp8_quant(self, x: np.ndarray, key: str, fmt: Format) -> tuple[np.ndarray, np.float32]:
         ds = self._fp8_state(key, fmt)
         inv = ds.scale_inv
+        pending = ds._pending
         q = np.asarray(ds.quantize(x, rounding=self.policy.rounding, rng=self.rng))
+        if not self.training:  # evaluation uses the scales but its amax is not recorded: training must
+            ds._pending = pending  # not depend on when or how often evaluation runs
         return q.astype(np.float32, copy=False), inv
 
     def matmul(self, a: np.ndarray, b: np.ndarray, site: str, kind: str,

@@ -21,10 +21,13 @@ from typing import Any
 
 import numpy as np
 
+from .._checks import check_int, check_real
+from .._names import parse_name
 from ..amp import MasterWeights, Policy, get_policy, make_optimizer
 from ..amp.runtime import HIST_HI, HIST_LO
 from ..nn import GPTConfig, gpt_backward, gpt_forward, init_params
-from .data import Task, get_task
+from ..nn.gpt import _check_params
+from .data import Task, _check_task_kwargs, _parse_task_name, get_task
 
 __all__ = ["History", "TrainConfig", "Trainer", "lr_at"]
 
@@ -35,10 +38,19 @@ _EVAL_SEED = 987_654_321
 class TrainConfig:
     """Everything that defines a run besides the policy.
 
-    ``model`` must match the task (``vocab_size``, ``block_size >= seq_len``); :meth:`Trainer.__init__`
-    checks. Learning rate: linear warm-up for ``warmup`` steps, then cosine decay to ``lr * min_lr_frac``
-    at ``steps``. ``telemetry_every``: record per-tensor gradient statistics every k steps (0: never);
-    ``histogram_every``: also log2 histograms every k steps (0: never).
+    ``model=None`` (the default) means "sized for the task": :class:`~fpsim.nn.GPTConfig` with
+    ``vocab_size`` and ``block_size`` taken from the task the trainer runs (``task.vocab_size``,
+    ``task.seq_len``) and GPTConfig's defaults for the rest (2 layers, 4 heads, width 64), so
+    ``Trainer("fp32", TrainConfig()).run()`` trains as it stands and a changed ``task`` or ``task_kwargs``
+    keeps fitting (see :meth:`model_for`). A given ``model`` must match the task (``vocab_size``,
+    ``block_size >= seq_len``); :meth:`Trainer.__init__` checks. Learning rate: linear warm-up for
+    ``warmup`` steps, then cosine decay to ``lr * min_lr_frac`` at ``steps``. ``telemetry_every``: record
+    per-tensor gradient statistics every k steps (0: never); ``histogram_every``: also log2 histograms
+    every k steps (0: never).
+
+    Every field is checked at construction (a ``TypeError`` for a wrong kind, a ``ValueError`` for a value
+    out of range, each naming the field and the value); ``task`` and ``optimizer`` are parsed by the one
+    name rule (``" Reverse"`` is ``"reverse"``, ``"AdamW"`` is ``"adamw"``) and stored canonical.
 
     ``micro_batches``: each step's batch is treated as one of this many micro-batches of a global batch
     (data parallelism or gradient accumulation): its summed loss is divided by the global number of
@@ -52,7 +64,7 @@ class TrainConfig:
 
     task: str = "reverse"
     task_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    model: GPTConfig = field(default_factory=GPTConfig)
+    model: GPTConfig | None = None
     steps: int = 200
     batch_size: int = 32
     optimizer: str = "adamw"
@@ -71,36 +83,65 @@ class TrainConfig:
     micro_batches: int = 1
 
     def __post_init__(self) -> None:
+        # Stored as plain Python numbers and canonical names: the config travels as JSON in checkpoints
+        # and is compared field by field on resume.
+        def put(f: str, v: Any) -> None:
+            object.__setattr__(self, f, v)
+
         for f in ("steps", "batch_size", "eval_batches", "micro_batches"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"TrainConfig.{f} must be a positive int, got {v!r}")
+            put(f, check_int(getattr(self, f), f"TrainConfig.{f}", lo=1))
         for f in ("warmup", "eval_every", "telemetry_every", "histogram_every", "seed"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"TrainConfig.{f} must be an int >= 0, got {v!r}")
-        if self.optimizer not in ("adamw", "sgd"):
-            raise ValueError(f"TrainConfig.optimizer must be 'adamw' or 'sgd', got {self.optimizer!r}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"TrainConfig.lr must be a finite positive number, got {self.lr!r}")
-        object.__setattr__(self, "task_kwargs", dict(self.task_kwargs))
+            put(f, check_int(getattr(self, f), f"TrainConfig.{f}", lo=0))
+        put("task", _parse_task_name(self.task))
+        put("task_kwargs", _check_task_kwargs(self.task, self.task_kwargs))
+        if self.task != "text":  # cheap and free of side effects: the task's own checks run now
+            get_task(self.task, **self.task_kwargs)
+        if self.model is not None and not isinstance(self.model, GPTConfig):
+            raise TypeError(f"TrainConfig.model must be a GPTConfig or None, got {type(self.model).__name__}")
+        put("optimizer", parse_name(self.optimizer, ("adamw", "sgd"), "TrainConfig.optimizer"))
+        put("lr", check_real(self.lr, "TrainConfig.lr", lo=0.0, lo_open=True))
+        put("min_lr_frac", check_real(self.min_lr_frac, "TrainConfig.min_lr_frac", lo=0.0, hi=1.0))
+        put("weight_decay", check_real(self.weight_decay, "TrainConfig.weight_decay", lo=0.0))
+        b = self.betas
+        if isinstance(b, (str, bytes)) or not isinstance(b, (tuple, list)) or len(b) != 2:
+            raise TypeError(f"TrainConfig.betas must be a pair (b1, b2), got {b!r}")
+        put("betas", tuple(check_real(x, f"TrainConfig.betas[{i}]", lo=0.0, hi=1.0, hi_open=True)
+                           for i, x in enumerate(b)))
+        put("eps", check_real(self.eps, "TrainConfig.eps", lo=0.0))
+        put("momentum", check_real(self.momentum, "TrainConfig.momentum", lo=0.0, hi=1.0, hi_open=True))
+
+    def model_for(self, task: Task) -> GPTConfig:
+        """The model this config trains on ``task``: ``model``, or when it is None one sized for the task
+        (``GPTConfig(vocab_size=task.vocab_size, block_size=task.seq_len)``, the other fields default).
+
+        >>> from fpsim.train import get_task
+        >>> m = TrainConfig().model_for(get_task("reverse"))
+        >>> m.vocab_size, m.block_size, m.n_layer, m.n_embd
+        (11, 16, 2, 64)
+        """
+        if self.model is not None:
+            return self.model
+        return GPTConfig(vocab_size=task.vocab_size, block_size=task.seq_len)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["model"] = self.model.as_dict()
+        d["model"] = None if self.model is None else self.model.as_dict()
         d["betas"] = list(self.betas)
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TrainConfig:
         d = dict(d)
-        d["model"] = GPTConfig(**d["model"])
+        d["model"] = None if d.get("model") is None else GPTConfig(**d["model"])
         d["betas"] = tuple(d["betas"])
         return cls(**d)
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
     """Learning rate at 0-based ``step``: linear warm-up, then cosine to ``lr * min_lr_frac``."""
+    if not isinstance(cfg, TrainConfig):
+        raise TypeError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
+    step = check_int(step, "step", lo=0)
     if cfg.warmup and step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     span = max(cfg.steps - cfg.warmup, 1)
@@ -215,7 +256,9 @@ class _Progress:
                 from IPython.display import display
 
                 self.handle = display(self._text(0, ""), display_id=True)  # type: ignore[no-untyped-call]
-                self.mode = "notebook"
+                # ipykernel imported but no kernel running (e.g. a test process that ran notebooks):
+                # display() returns None, and there is no notebook to draw in
+                self.mode = "notebook" if self.handle is not None else "off"
             except Exception:  # noqa: BLE001 - any IPython trouble: fall back to no bar
                 self.mode = "off"
         elif enabled or sys.stderr.isatty():
@@ -255,13 +298,20 @@ class Trainer:
     def __init__(self, policy: Policy | str, config: TrainConfig, *, task: Task | None = None,
                  init: Mapping[str, np.ndarray] | None = None) -> None:
         self.policy = get_policy(policy)
+        if not isinstance(config, TrainConfig):
+            raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+        if task is not None and not isinstance(task, Task):
+            raise TypeError(f"task must be a fpsim.train.Task, got {type(task).__name__}")
         self.config = config
         self.task = task if task is not None else get_task(config.task, **config.task_kwargs)
-        m = config.model
+        #: The model trained: ``config.model``, or one sized for the task (``config.model_for``).
+        self.model = m = config.model_for(self.task)
         if m.vocab_size != self.task.vocab_size:
             raise ValueError(f"model vocab_size {m.vocab_size} != task vocab_size {self.task.vocab_size}")
         if m.block_size < self.task.seq_len:
             raise ValueError(f"model block_size {m.block_size} < task sequence length {self.task.seq_len}")
+        if init is not None:  # names, shapes, float dtypes and finite values, before any work
+            _check_params(init, m, "init", finite=True)
         self.runtime = self.policy.runtime(seed=config.seed)
         params = init if init is not None else init_params(m, seed=config.seed)
         self.store = MasterWeights(params, self.policy, self.runtime)
@@ -306,7 +356,7 @@ class Trainer:
         # Overflow to inf (and inf - inf = NaN) is an expected event under loss scaling: the step is
         # skipped below, so NumPy's warnings are silenced here.
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            _, loss_arr, cache = gpt_forward(self.store.weights, cfg.model, x, y, prec=rt, loss_normalizer=norm)
+            _, loss_arr, cache = gpt_forward(self.store.weights, self.model, x, y, prec=rt, loss_normalizer=norm)
             grads = gpt_backward(np.float32(scale), cache)
             if pol.master is None:  # the .grad of a low-precision leaf is low precision too
                 grads = {k: rt.cast(g, pol.gradients) for k, g in grads.items()}
@@ -371,14 +421,31 @@ class Trainer:
     def evaluate(self, batches: list[tuple[np.ndarray, np.ndarray]] | None = None) -> float:
         """Mean loss over the held-out batches, computed in the policy's forward precision."""
         rt = self.runtime
+        train_rng = self._side_rng(_EVAL_SEED + 2)
         rt.training = False
-        rt.begin_step(recording=False)
-        bs = self.eval_batches() if batches is None else batches
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            losses = [float(np.asarray(gpt_forward(self.store.weights, self.config.model, x, y, prec=rt)[1]))
-                      for x, y in bs]
-        rt.training = True
+        try:
+            rt.begin_step(recording=False)
+            bs = self.eval_batches() if batches is None else batches
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                losses = [float(np.asarray(gpt_forward(self.store.weights, self.model, x, y, prec=rt)[1]))
+                          for x, y in bs]
+        finally:
+            rt.training = True
+            rt.rng = train_rng
         return float(np.mean(losses))
+
+    def _side_rng(self, tag: int) -> np.random.Generator | None:
+        """Point the runtime's stochastic rounding at a generator of its own for evaluation or
+        calibration, seeded by (seed, tag, step); returns the training generator to put back.
+
+        So the training generator, and with it every trained bit, does not depend on when or how often
+        evaluation runs (``eval_every``), and an evaluation needs no state of its own in a checkpoint.
+        """
+        rt = self.runtime
+        train_rng: np.random.Generator | None = rt.rng
+        if train_rng is not None:
+            rt.rng = np.random.default_rng([self.config.seed, tag, self.step_count])
+        return train_rng
 
     def _eval_log(self) -> None:
         self.history.data["eval_step"].append(self.step_count)
@@ -388,26 +455,32 @@ class Trainer:
             checkpoint_every: int = 0, label: str | None = None) -> History:
         """Train until ``steps`` (default ``config.steps``) steps have been taken in total.
 
-        Evaluates every ``config.eval_every`` steps and at the end; for a PTQ policy, calibrates and
-        quantizes after the last step (the final evaluation is then the quantized model's).
+        Evaluates every ``config.eval_every`` steps and at the end of training (``config.steps``, or
+        ``steps`` if larger); for a PTQ policy, calibrates and quantizes after the last step (the final
+        evaluation is then the quantized model's). ``run(k)`` with ``k < config.steps`` stops before that
+        end, so ``run(k)``, a checkpoint, and ``run()`` give the bits of one uninterrupted ``run()``.
         ``checkpoint``: a path written every ``checkpoint_every`` steps and at the end.
         """
         from .checkpoint import save_checkpoint
 
-        total = self.config.steps if steps is None else int(steps)
+        total = self.config.steps if steps is None else check_int(steps, "steps", lo=0)
+        checkpoint_every = check_int(checkpoint_every, "checkpoint_every", lo=0)
+        # Training ends at config.steps (or at a larger ``steps``): only there the final evaluation (and a
+        # PTQ policy's quantization) happens, so run(k) + run() gives the bits of run().
+        end = max(total, self.config.steps)
         bar = _Progress(total, label or self.policy.name, progress)
         try:
             while self.step_count < total:
                 row = self.step()
                 if self.config.eval_every and self.step_count % self.config.eval_every == 0 \
-                        and self.step_count < total:
+                        and self.step_count < end:
                     self._eval_log()
                 if checkpoint and checkpoint_every and self.step_count % checkpoint_every == 0:
                     save_checkpoint(self, checkpoint)
                 bar.update(self.step_count, f"loss {row['loss']:.4f} scale {row['loss_scale']:g}")
         finally:
             bar.close()
-        if self.step_count == total and (not self.history["eval_step"] or self.history["eval_step"][-1] != total):
+        if self.step_count == end and (not self.history["eval_step"] or self.history["eval_step"][-1] != end):
             self.finish()
         if checkpoint:
             save_checkpoint(self, checkpoint)
@@ -428,10 +501,14 @@ class Trainer:
         if q is None:
             raise ValueError(f"policy {self.policy.name!r} has no quantization config")
         rt = self.runtime
+        train_rng = self._side_rng(_EVAL_SEED + 3)
         rt.calibrate(True)
-        rng = np.random.default_rng([self.config.seed, _EVAL_SEED + 1])
-        for _ in range(q.calibration_batches):
-            x, y = self.task.batch(rng, self.config.batch_size)
-            gpt_forward(self.store.weights, self.config.model, x, y, prec=rt)
-        rt.calibrate(False)
+        try:
+            rng = np.random.default_rng([self.config.seed, _EVAL_SEED + 1])
+            for _ in range(q.calibration_batches):
+                x, y = self.task.batch(rng, self.config.batch_size)
+                gpt_forward(self.store.weights, self.model, x, y, prec=rt)
+        finally:
+            rt.calibrate(False)
+            rt.rng = train_rng
         rt.quant_active = True
