@@ -23,7 +23,7 @@ from typing import Union
 import numpy as np
 
 from .formats import Format, FormatLike, as_format
-from .rounding import Overflow, Rounding, RoundingLike, as_overflow, as_rounding
+from .rounding import Overflow, Rounding, RoundingLike, parse_options
 from .rounding import round as _fround
 
 __all__ = ["parse_decimal", "round_rational", "decimal_str", "fraction_str", "int_str", "MAX_DIGITS", "MAX_EXPONENT"]
@@ -313,17 +313,8 @@ def round_rational(q: RationalLike, fmt: FormatLike, mode: RoundingLike = "rne",
         if q.is_snan():
             raise ValueError(f"round_rational: a signaling NaN ({q!r}) is not a value to round")
         q = float(q)
-    f = as_format(fmt)
-    m = as_rounding(mode)
-    ov = as_overflow(overflow)
-    if not isinstance(subnormals, (bool, np.bool_)):
-        raise TypeError(f"subnormals must be a bool, got {subnormals!r}")
-    if m is Rounding.SR:
-        if rng is None:
-            raise ValueError("rounding='sr' needs rng=numpy.random.default_rng(seed)")
-        if not isinstance(rng, np.random.Generator):
-            raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
-    elif rng is not None:
+    f, m, ov = parse_options(fmt, mode, overflow, subnormals, rng)
+    if rng is not None and m is not Rounding.SR:
         raise ValueError(f"rng applies only to rounding='sr', got rounding={m.value!r}")
 
     def fin(v: float) -> float:

@@ -837,3 +837,14 @@ def _overflows(blk: np.ndarray, sel: np.ndarray, f: Format, mode: Rounding, subn
     with np.errstate(invalid="ignore", over="ignore"):
         v = np.asarray(_kernel(bits, pl, None, rand)).view(c.ftype).astype(np.float64)
     return np.asarray(np.abs(v) > f.max)
+
+
+def _first_non_value(a: np.ndarray, fmt: Format) -> float | None:
+    """The first element of ``a`` that is not a value of ``fmt`` (NaN counts as one), or None.
+
+    The one check behind "these data must already be in the format" errors (GEMM inputs, scaled tensors).
+    """
+    r = np.asarray(round(a, fmt, "rne"), dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        bad = (r != a) & ~(np.isnan(r) & np.isnan(a))
+    return float(a[bad].flat[0]) if bad.any() else None

@@ -19,7 +19,7 @@ import numpy as np
 from .._fpenv import ieee_mode
 from .._names import parse_name
 from ..formats import Format, fp32, tf32
-from ..rounding import _as_float_array
+from ..rounding import _as_float_array, _first_non_value
 from ..rounding import round as _fround
 from .model import (
     NO_EXP,
@@ -62,14 +62,11 @@ def convert_inputs(x: Any, fmt: Format, input_rounding: str | None, name: str) -
         mode = parse_name(input_rounding, _INPUT_ROUNDINGS, "input_rounding")
     overflow = "saturate" if fmt.width <= 8 else "ieee"
     if mode == "exact":
-        r = np.asarray(_fround(arr, fmt, "rne"), dtype=np.float64)
-        with np.errstate(invalid="ignore"):
-            bad = (r != arr) & ~(np.isnan(r) & np.isnan(arr))
-        if bad.any():
-            v = arr[bad].flat[0]
+        v = _first_non_value(arr, fmt)
+        if v is not None:
             raise ValueError(f"{name} holds {v!r}, not exactly representable in {fmt.name}; "
                              "pass input_rounding='rne' or 'rtz' to convert")
-        return r
+        return np.asarray(_fround(arr, fmt, "rne"), dtype=np.float64)
     return np.asarray(_fround(arr, fmt, "rtz" if mode == "rtz" else "rne", overflow=overflow), dtype=np.float64)
 
 

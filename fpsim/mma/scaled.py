@@ -19,8 +19,7 @@ import numpy as np
 
 from .._fpenv import ieee_mode
 from ..formats import Format, FormatLike, as_format
-from ..rounding import _as_float_array
-from ..rounding import round as _fround
+from ..rounding import _as_float_array, _first_non_value
 
 __all__ = ["ScaledTensor"]
 
@@ -116,11 +115,8 @@ class ScaledTensor:
         with np.errstate(over="ignore"):
             g = _F32(g_arr.reshape(()))
         if d.size:
-            r = np.asarray(_fround(d, fmt, "rne"))
-            with np.errstate(invalid="ignore"):
-                bad = (r != d) & ~(np.isnan(r) & np.isnan(d))
-            if bad.any():
-                v = d[bad].flat[0]
+            v = _first_non_value(d, fmt)
+            if v is not None:
                 raise ValueError(f"data holds {v!r}, which is not a value of {fmt.name}; quantize first "
                                  "(fpsim.scaling.quantize_scaled) or give the format the data are in")
         d.setflags(write=False)
