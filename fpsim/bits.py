@@ -235,8 +235,9 @@ def to_ml_dtypes(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, ove
     """Round ``x`` with fpsim (once, from the exact value) and store it in the ml_dtypes/NumPy dtype of ``fmt``.
 
     >>> import fpsim
-    >>> fpsim.to_ml_dtypes([1.0, 3.14159], "bf16")
-    array([1, 3.14062], dtype=bfloat16)
+    >>> y = fpsim.to_ml_dtypes([1.0, 3.14159], "bf16")
+    >>> y.dtype.name, y.astype(float).tolist()
+    ('bfloat16', [1.0, 3.140625])
     """
     f = as_format(fmt)
     dt = ml_dtype(f)

@@ -286,9 +286,8 @@ class Format:
         ``-0`` is folded into ``0``; with ``finite=False`` the infinities are included too.
 
         >>> import fpsim
-        >>> fpsim.fp4_e2m1.values()
-        array([-6. , -4. , -3. , -2. , -1.5, -1. , -0.5,  0. ,  0.5,  1. ,  1.5,  2. ,  3. ,  4. ,
-                6. ])
+        >>> fpsim.fp4_e2m1.values().tolist()
+        [-6.0, -4.0, -3.0, -2.0, -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
         """
         if self.width > 16:
             raise ValueError(f"values() enumerates formats of up to 16 bits; {self.name} has {self.width}")

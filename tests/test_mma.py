@@ -436,16 +436,6 @@ def test_exact_matmul_split_and_limb_paths_agree(spread):
     assert np.array_equal(D, ref)
 
 
-@pytest.mark.parametrize("mod", ["fpsim.mma", "fpsim.mma.model", "fpsim.mma.presets", "fpsim.mma.gemm",
-                                 "fpsim.mma.naive", "fpsim.mma.experiments"])
-def test_docstring_examples(mod):
-    import doctest
-    import importlib
-
-    res = doctest.testmod(importlib.import_module(mod), optionflags=doctest.ELLIPSIS)
-    assert res.failed == 0
-
-
 @pytest.mark.parametrize("model", [None, "h100:fp16", "fma_chain", "pairwise", "wide"])
 def test_empty_k(model):
     assert np.array_equal(fpsim.matmul(np.ones((2, 0)), np.ones((0, 3)), 1.5, model=model), np.full((2, 3), 1.5))

@@ -219,16 +219,3 @@ def test_gpt_against_torch_autograd() -> None:
     for k in p:
         assert tp[k].grad is not None
         np.testing.assert_allclose(g[k], tp[k].grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=k)
-
-
-@pytest.mark.parametrize("modname", [
-    "fpsim.nn.layers", "fpsim.nn.attention", "fpsim.nn.gpt", "fpsim.amp", "fpsim.amp.policy", "fpsim.amp.scaler",
-    "fpsim.amp.optim", "fpsim.train.data", "fpsim.train.loop",
-])
-def test_docstring_examples(modname: str) -> None:
-    import doctest
-    import importlib
-
-    mod = importlib.import_module(modname)
-    res = doctest.testmod(mod, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    assert res.failed == 0 and res.attempted > 0
