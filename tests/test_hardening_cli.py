@@ -582,6 +582,16 @@ def test_demo_complete_run_marks_complete(tmp_path, monkeypatch) -> None:  # typ
     assert oct(os.stat(out / "metrics.json").st_mode & 0o777) == oct(0o644)
 
 
+def test_run_demo_keys_results_by_canonical_policy_names(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """run_demo called from Python parses names by the one rule too (it kept " FP32 " as a key before)."""
+    import fpsim.train.demo as demo
+    import fpsim.train.report as report
+
+    monkeypatch.setattr(report, "write_plots", lambda *a, **k: {})
+    res = demo.run_demo(str(tmp_path / "o"), policies=[" FP32 ", "fp32"], settings=_tiny(), log=None)
+    assert list(res["policies"]) == ["fp32"]
+
+
 def test_cli_demo_policies_parse_by_the_one_rule(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import fpsim.train.demo as demo
 

@@ -135,9 +135,8 @@ def run_demo(out: str, *, quick: bool = False, steps: int | None = None, policie
     """
     t_start = time.perf_counter()
     st = settings if settings is not None else demo_settings(quick, steps, seed)
-    names = list(policies) if policies else list(DEFAULT_POLICIES)
-    for n in names:
-        get_policy(n)  # validate every name before spending time
+    # validate every name before spending time, and key results by the canonical name (the one name rule)
+    names = list(dict.fromkeys(get_policy(n).name for n in (policies or DEFAULT_POLICIES)))
     out = check_output_dir(out)  # and the destination: minutes of training must not end in "cannot write"
     cfg = st.train_config()
     assert cfg.model is not None  # DemoSettings.train_config always sizes the model itself
