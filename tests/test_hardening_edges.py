@@ -26,8 +26,9 @@ def test_progress_with_ipykernel_imported_but_no_kernel() -> None:
     code = (
         "import ipykernel\n"
         "from fpsim.train import TrainConfig, Trainer\n"
-        "h = Trainer('fp32', TrainConfig(steps=2, batch_size=4)).run(progress=True)\n"
+        "h = Trainer('fp32', TrainConfig(steps=2, batch_size=4)).run()\n"
         "assert len(h['loss']) == 2\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+    assert r.stdout == "" and r.stderr == "", (r.stdout, r.stderr)  # not a terminal, no notebook: silent

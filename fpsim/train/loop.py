@@ -253,12 +253,16 @@ class _Progress:
             return
         if "ipykernel" in sys.modules:
             try:
+                from IPython.core.getipython import get_ipython
                 from IPython.display import display
 
-                self.handle = display(self._text(0, ""), display_id=True)  # type: ignore[no-untyped-call]
-                # ipykernel imported but no kernel running (e.g. a test process that ran notebooks):
-                # display() returns None, and there is no notebook to draw in
-                self.mode = "notebook" if self.handle is not None else "off"
+                # ipykernel imported is not a kernel running (e.g. a process that ran notebooks through
+                # nbclient): without one, display() would print the bar once and hand back no handle
+                if getattr(get_ipython(), "kernel", None) is not None:  # type: ignore[no-untyped-call]
+                    self.handle = display(self._text(0, ""), display_id=True)  # type: ignore[no-untyped-call]
+                    self.mode = "notebook"
+                elif enabled or sys.stderr.isatty():
+                    self.mode = "tty"
             except Exception:  # noqa: BLE001 - any IPython trouble: fall back to no bar
                 self.mode = "off"
         elif enabled or sys.stderr.isatty():
