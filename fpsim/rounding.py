@@ -674,8 +674,9 @@ def round(
     array([448.,  nan,  nan], dtype=float32)
     >>> fpsim.round([464, 465, 1000], "fp8_e4m3", overflow="saturate")
     array([448., 448., 448.])
-    >>> fpsim.round(0.1, "fp16", "rtz")
-    np.float64(0.0999755859375)
+    >>> y = fpsim.round(0.1, "fp16", "rtz")  # a Python scalar in, a NumPy scalar out
+    >>> type(y).__name__, float(y)
+    ('float64', 0.0999755859375)
     """
     f, mode, ov = parse_options(fmt, rounding, overflow, subnormals, rng, sr_bits)
     is_scalar = np.isscalar(x) and not isinstance(x, (str, bytes))

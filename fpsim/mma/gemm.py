@@ -288,8 +288,8 @@ def matmul(A: Any, B: Any, C: Any = None, *, model: MMAModel | str | None = None
     --------
     >>> import numpy as np, fpsim
     >>> A = np.full((2, 4), 1.0); B = np.full((4, 3), 2.0**-24)
-    >>> fpsim.matmul(A, B, 1.0, model="v100:fp16")[0, 0]
-    np.float64(1.0)
+    >>> float(fpsim.matmul(A, B, 1.0, model="v100:fp16")[0, 0])
+    1.0
     >>> float(fpsim.matmul(A, B, 1.0)[0, 0]) == 1 + 2**-22
     True
     """
