@@ -479,41 +479,40 @@ def test_save_is_atomic_tmp_fsync_replace(small_ckpt: tuple[str, Trainer], tmp_p
     assert kinds[0] == "fsync" and "replace" in kinds and kinds.index("replace") > 0
     src, dst = calls[kinds.index("replace")][1]
     assert os.path.dirname(src) == str(tmp_path) and dst == target
-    assert os.path.basename(src).startswith(f".ckpt-{os.getpid()}@")
+    assert ck._TMP_RE.match(os.path.basename(src))
     assert kinds[-1] == "fsync"  # the folder, after the rename
     assert os.listdir(str(tmp_path)) == ["ck.npz"]
 
 
 # ------------------------------------------------------------------ item 6: stale temporaries
 
-def _dead_pid() -> int:
-    p = subprocess.Popen([sys.executable, "-c", "pass"])
-    p.wait()
-    return p.pid
+_HOLDER = r"""
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o666)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.utime(sys.argv[1], (time.time() - 3600, time.time() - 3600))  # a writer paused for an hour
+print("locked", flush=True)
+sys.stdin.read()
+"""
 
 
-@pytest.mark.skipif(os.name != "posix", reason="pid probing is POSIX")
+@pytest.mark.skipif(os.name != "posix", reason="flock is POSIX")
 def test_stale_tmp_files_are_removed_by_save_and_load(small_ckpt: tuple[str, Trainer], tmp_path: Any) -> None:
     # Before: 8 of 10 SIGKILLed saves left a .ckpt-*.npz.tmp (104 MiB) that no later save or load removed.
     _, tr = small_ckpt
     d = str(tmp_path)
-    host = ck._host()
     old = time.time() - 2 * ck.STALE_TMP_AGE_S
     files = {  # name -> removed?
-        f".ckpt-{_dead_pid()}@{host}-0123abcd.npz.tmp": True,        # our host, writer gone
-        f".ckpt-{os.getpid()}@{host}-0123abcd.npz.tmp": False,       # a live writer (this process), fresh
-        f".ckpt-1@{host}-0123abcd.npz.tmp": False,                   # live pid 1, fresh
-        f".ckpt-{_dead_pid()}@otherhost-0123abcd.npz.tmp": False,    # another machine's pid: age rule only
-        ".ckpt-oldstyle_1.npz.tmp": False,                            # older fpsim name, fresh
-        ".ckpt-oldstyle_2.npz.tmp": True,                             # older fpsim name, stale (aged below)
-        f".ckpt-1@otherhost-deadbeef.npz.tmp": True,                  # aged below
+        ".ckpt-0123456789abcdef.npz.tmp": True,                      # unlocked, old: its save died
+        ".ckpt-1234@otherhost-0123abcd.npz.tmp": True,               # any writer's name, unlocked, old
+        ".ckpt-fresh.npz.tmp": False,                                 # unlocked but fresh: could be starting
         "ckpt-x.npz.tmp": False, ".ckpt-x.npz": False, "notes.tmp": False,  # not ours
     }
-    for n in files:
+    for n, gone in files.items():
         with open(os.path.join(d, n), "wb") as f:
             f.write(b"partial")
-    for n in (".ckpt-oldstyle_2.npz.tmp", ".ckpt-1@otherhost-deadbeef.npz.tmp"):
-        os.utime(os.path.join(d, n), (old, old))
+        if gone or n != ".ckpt-fresh.npz.tmp":
+            os.utime(os.path.join(d, n), (old, old))
     os.mkdir(os.path.join(d, ".ckpt-adir.npz.tmp"))  # not a plain file
     os.utime(os.path.join(d, ".ckpt-adir.npz.tmp"), (old, old))
     os.symlink(os.path.join(d, "notes.tmp"), os.path.join(d, ".ckpt-alink.npz.tmp"))
@@ -523,10 +522,46 @@ def test_stale_tmp_files_are_removed_by_save_and_load(small_ckpt: tuple[str, Tra
     assert {n for n, gone in files.items() if not gone} <= left
     assert {".ckpt-adir.npz.tmp", ".ckpt-alink.npz.tmp", "ck.npz"} <= left
     # load cleans too
-    stale = os.path.join(d, f".ckpt-{_dead_pid()}@{host}-0123abcd.npz.tmp")
+    stale = os.path.join(d, ".ckpt-feedfacefeedface.npz.tmp")
     open(stale, "wb").close()
+    os.utime(stale, (old, old))
     load_checkpoint(os.path.join(d, "ck.npz"))
     assert not os.path.exists(stale)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="flock is POSIX")
+def test_a_live_writers_temporary_is_never_removed(small_ckpt: tuple[str, Trainer], tmp_path: Any) -> None:
+    """A save that is alive but paused, slow or in another PID namespace holds its lock: its temporary stays,
+    however old (before: removed after 60 s, or at once from another PID namespace, and that run died)."""
+    _, tr = small_ckpt
+    live = os.path.join(str(tmp_path), ".ckpt-4242@somehost-0123abcd.npz.tmp")
+    p = subprocess.Popen([sys.executable, "-c", _HOLDER, live], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == b"locked"
+        save_checkpoint(tr, os.path.join(str(tmp_path), "ck.npz"))
+        load_checkpoint(os.path.join(str(tmp_path), "ck.npz"))
+        assert os.path.exists(live)
+    finally:
+        p.communicate(b"")
+    save_checkpoint(tr, os.path.join(str(tmp_path), "ck.npz"))  # the writer is gone now: stale
+    assert not os.path.exists(live)
+
+
+def test_demo_cleanup_spares_a_live_runs_temporary(tmp_path: Any) -> None:
+    """A second ``fpsim demo --out D`` must not delete the first run's in-flight write (before: it did)."""
+    from fpsim.train.demo import check_output_dir
+
+    live = os.path.join(str(tmp_path), ".fpsim-demo-tmp-inflight")
+    dead = os.path.join(str(tmp_path), ".fpsim-demo-tmp-killed")
+    open(dead, "wb").close()
+    os.utime(dead, (time.time() - 3600, time.time() - 3600))
+    p = subprocess.Popen([sys.executable, "-c", _HOLDER, live], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == b"locked"
+        check_output_dir(str(tmp_path))
+        assert os.path.exists(live) and not os.path.exists(dead)
+    finally:
+        p.communicate(b"")
 
 
 _SAVER = r"""
@@ -555,7 +590,11 @@ def _kill_saves(d: str, n: int) -> int:
         p.send_signal(signal.SIGKILL)
         p.wait()
         p.stdout.close()
-        left += any(n.endswith(".npz.tmp") for n in os.listdir(d))
+        tmps = [os.path.join(d, n) for n in os.listdir(d) if n.endswith(".npz.tmp")]
+        left += bool(tmps)
+        past = time.time() - 2 * ck.STALE_TMP_AGE_S
+        for t in tmps:  # as if a minute passed: the dead save holds no lock, so it is stale
+            os.utime(t, (past, past))
         tr = load_checkpoint(path)  # the file at path is intact, and the load removes the dead save's tmp
         assert tr.step_count == 1
         assert not any(n.endswith(".npz.tmp") for n in os.listdir(d))

@@ -12,6 +12,7 @@ import io
 import json
 import math
 import os
+import time
 import subprocess
 import sys
 from contextlib import redirect_stderr, redirect_stdout
@@ -531,6 +532,7 @@ def test_demo_check_writes_rather_than_trusting_permission_bits(tmp_path) -> Non
     d = tmp_path / "d"
     d.mkdir()
     (d / ".fpsim-demo-tmp-stale").write_text("left by a killed run")
+    os.utime(d / ".fpsim-demo-tmp-stale", (time.time() - 3600, time.time() - 3600))  # unlocked, an hour old
     (d / "keep.txt").write_text("the user's")
     assert check_output_dir(str(d)) == str(d)
     assert sorted(os.listdir(d)) == ["keep.txt"]

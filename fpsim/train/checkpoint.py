@@ -14,11 +14,11 @@ size whatever the file claims. Then the contents are validated against the model
 configuration (names, shapes, dtypes, ranges). Every bad file raises :class:`CheckpointError` naming
 what is wrong; only a path that cannot be opened raises the ``OSError`` of ``open``.
 
-Temporary files of saves that were killed (``.ckpt-<pid>@<host>-<token>.npz.tmp``) are removed by the
-next save or load in that folder once they are stale: written by a process of this machine that no
-longer runs, or unmodified for :data:`STALE_TMP_AGE_S` seconds (a pid may be reused, and on a shared
-folder another machine's pid means nothing here). Temporary names of older fpsim versions
-(``.ckpt-<random>.npz.tmp``) follow the age rule only. Files of other users are left alone.
+Temporary files of saves that were killed (``.ckpt-*.npz.tmp``) are removed by the next save or load in
+that folder once they are stale: no process holds their lock (a save locks its temporary until the
+rename) and they have not been modified for :data:`STALE_TMP_AGE_S` seconds. A live save, however
+slow, paused or far away (another PID namespace, another machine on a shared folder), holds its lock
+and is never touched; files of other users are left alone (``fpsim.train._files``).
 """
 
 from __future__ import annotations
@@ -28,22 +28,21 @@ import json
 import math
 import os
 import re
-import secrets
-import socket
-import stat
 import struct
-import time
 import zipfile
 from collections.abc import Callable
 from typing import IO, Any
 
 import numpy as np
 
+from ._files import atomic_write, remove_stale_tmp
+
 __all__ = ["FORMAT_VERSION", "STALE_TMP_AGE_S", "CheckpointError", "load_checkpoint", "save_checkpoint"]
 
 FORMAT_VERSION = 1
 
-#: A checkpoint temporary file not modified for this many seconds is stale (its save died).
+#: A checkpoint temporary that no process holds locked and that was not modified for this many seconds is
+#: stale (its save died).
 STALE_TMP_AGE_S = 60.0
 
 _MAX_NPY_HEADER = 65536            # numpy itself refuses headers over 10000 bytes by default
@@ -60,74 +59,13 @@ class CheckpointError(ValueError):
 
 # ---------------------------------------------------------------------------------------------- writing
 
-def _host() -> str:
-    return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())[:64] or "host"
-
-
-_TMP_RE = re.compile(r"\.ckpt-(?:(?P<pid>[0-9]{1,10})@(?P<host>[A-Za-z0-9_.]{1,64})-[0-9a-f]{8}|[A-Za-z0-9_]{1,32})"
-                     r"\.npz\.tmp\Z")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # PermissionError: it runs under another user; anything else: assume alive
-        return True
-    return True
+_TMP_PREFIX, _TMP_SUFFIX = ".ckpt-", ".npz.tmp"
+_TMP_RE = re.compile(r"\.ckpt-[A-Za-z0-9_@.\-]{1,100}\.npz\.tmp\Z")
 
 
 def _remove_stale_tmp(folder: str) -> list[str]:
-    """Remove the stale checkpoint temporaries in ``folder`` (see the module docstring); returns their paths.
-
-    Best effort: an unreadable folder, a file that vanished or cannot be removed is skipped silently.
-    """
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return []
-    removed = []
-    now, host, me = time.time(), _host(), os.getpid()
-    uid = os.getuid() if hasattr(os, "getuid") else None
-    for name in names:
-        m = _TMP_RE.match(name)
-        if m is None:
-            continue
-        p = os.path.join(folder, name)
-        try:
-            st = os.lstat(p)
-        except OSError:
-            continue
-        if not stat.S_ISREG(st.st_mode) or (uid is not None and st.st_uid != uid):
-            continue  # not a plain file of ours
-        stale = now - st.st_mtime > STALE_TMP_AGE_S
-        pid = m.group("pid")
-        if not stale and pid is not None and m.group("host") == host and os.name == "posix":
-            # os.kill(pid, 0) only probes on POSIX (on Windows signal 0 is CTRL_C_EVENT).
-            n = int(pid)
-            stale = 0 < n < 2**31 and n != me and not _pid_alive(n)
-        if stale:
-            try:
-                os.unlink(p)
-                removed.append(p)
-            except OSError:
-                pass
-    return removed
-
-
-def _fsync_dir(folder: str) -> None:
-    """Make the rename durable (POSIX); where a folder cannot be opened (Windows) there is nothing to do."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    """Remove the stale checkpoint temporaries in ``folder`` (see the module docstring); returns their paths."""
+    return remove_stale_tmp(folder, _TMP_RE, STALE_TMP_AGE_S)
 
 
 def save_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> str:
@@ -180,23 +118,9 @@ def save_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> str:
     for k, a in arrays.items():  # plain numbers and text only: nothing that would need pickle
         if a.dtype.kind not in "fiubU" or a.dtype.fields is not None:
             raise TypeError(f"checkpoint entry {k!r} has dtype {a.dtype}, which a checkpoint cannot hold")
-    d = os.path.dirname(os.path.abspath(path))
-    _remove_stale_tmp(d)
-    tmp = os.path.join(d, f".ckpt-{os.getpid()}@{_host()}-{secrets.token_hex(4)}.npz.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)  # type: ignore[arg-type] # stored (not deflated) .npy members
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(d)
+    _remove_stale_tmp(os.path.dirname(os.path.abspath(path)))
+    # stored (not deflated) .npy members
+    atomic_write(path, lambda f: np.savez(f, **arrays), prefix=_TMP_PREFIX, suffix=_TMP_SUFFIX)  # type: ignore[arg-type]
     return path
 
 

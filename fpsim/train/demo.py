@@ -12,6 +12,7 @@ import json
 import math
 import os
 import platform
+import re
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ import numpy as np
 
 from ..amp import get_policy
 from ..nn import GPTConfig, count_params, init_params
+from ._files import atomic_write, remove_stale_tmp
 from .data import get_task
 from .loop import History, TrainConfig, Trainer
 
@@ -248,6 +250,8 @@ def _nz(v: float) -> float:
 
 
 _TMP_PREFIX = ".fpsim-demo-tmp-"  # our temporary files, and only ours, are removed when stale
+_TMP_RE = re.compile(r"\.fpsim-demo-tmp-[A-Za-z0-9_]{1,64}\Z")
+_STALE_TMP_AGE_S = 60.0
 
 
 def check_output_dir(out: str | os.PathLike[str]) -> str:
@@ -256,7 +260,7 @@ def check_output_dir(out: str | os.PathLike[str]) -> str:
     Writability is tested by creating and removing a file there (permission bits say nothing for root, a
     read-only mount or a full disk), so the check holds for every user. A folder that cannot be created or
     written raises ``ValueError`` naming it and the reason. Temporary files a killed run left behind
-    (``.fpsim-demo-tmp-*``) are removed.
+    (``.fpsim-demo-tmp-*``, unlocked and a minute old) are removed; a live run's are never touched.
 
     >>> import tempfile, os
     >>> d = check_output_dir(os.path.join(tempfile.mkdtemp(), "demo"))
@@ -280,12 +284,7 @@ def check_output_dir(out: str | os.PathLike[str]) -> str:
         os.unlink(tmp)
     except OSError as e:
         raise ValueError(f"cannot write in output folder {path!r}: {e.strerror or e}") from None
-    for name in os.listdir(path):
-        if name.startswith(_TMP_PREFIX):
-            try:
-                os.unlink(os.path.join(path, name))
-            except OSError:
-                pass  # another run's file in use, or gone already
+    remove_stale_tmp(path, _TMP_RE, _STALE_TMP_AGE_S)  # never another live run's file (fpsim.train._files)
     return path
 
 
@@ -306,20 +305,8 @@ def _save_progress(out: str, st: DemoSettings, quick: bool, n_params: int, cfg: 
 
 
 def _atomic(path: str, data: str) -> None:
-    """Write ``path`` whole or not at all: a temporary file beside it, flushed to disk, then renamed."""
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=d)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are meant to be shared like any other file
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write ``path`` whole or not at all (fpsim.train._files: locked temporary, fsync, rename)."""
+    atomic_write(path, lambda f: f.write(data.encode("utf-8")), prefix=_TMP_PREFIX, mode=0o644)
 
 
 def _clean(o: Any) -> Any:
