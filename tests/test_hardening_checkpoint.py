@@ -382,6 +382,12 @@ INCONSISTENT: dict[str, tuple[Callable[[dict[str, np.ndarray]], Any], str]] = {
     "optimizer t negative": (lambda a: a.__setitem__("opt/t", np.asarray(-1)), "t=-1"),
     "optimizer t beyond step": (lambda a: a.__setitem__("opt/t", np.asarray(9)), "t=9"),
     "optimizer t float": (lambda a: a.__setitem__("opt/t", np.asarray(1.0)), "opt/t.*float64"),
+    # review: t (Adam's bias correction) in range but not the steps taken: the resumed run differed
+    "optimizer t off by one": (lambda a: a.__setitem__("opt/t", np.asarray(int(a["opt/t"]) - 1)),
+                               "optimizer step count t=.*optimizer steps"),
+    # review: JSON holds 10**400, which float() refuses: history.summary() raised OverflowError later
+    "history number beyond float": (edit_meta(lambda m: m["history"]["loss"].__setitem__(0, 10**400)),
+                                    r"history\['loss'\]"),
     "negative second moment": (lambda a: a[_first("opt/v.")(a)].__setitem__((0,), -1.0), "negative"),
     "NaN moment": (lambda a: a[_first("opt/m.")(a)].__setitem__((0,), np.nan), "NaN"),
     "growth tracker out of range": (edit_meta(lambda m: m["scaler"].__setitem__("_growth_tracker", -3)),
@@ -437,6 +443,11 @@ def test_sr_and_fp8_state_is_validated(tmp_path: Any) -> None:
         "fp8 fmt": (lambda a: a.__setitem__(_first("rt/fp8.")(a).rsplit(".", 1)[0] + ".fmt", np.asarray("fp16")),
                     "'fp16'"),
         "fp8 part missing": (lambda a: a.pop(_first("rt/fp8.")(a).rsplit(".", 1)[0] + ".hist"), "missing"),
+        # review: a whole FP8 site removed loaded silently and the resumed run differed
+        "fp8 site missing": (lambda a: [a.pop(k) for k in [k for k in a if k.startswith(
+            _first("rt/fp8.")(a).rsplit(".", 1)[0] + ".")]], "runtime state: missing"),
+        "every fp8 site missing": (lambda a: [a.pop(k) for k in [k for k in a if k.startswith("rt/fp8.")]],
+                                   "runtime state: missing"),
     }
     for name, (fn, msg) in cases.items():
         rewrite(path, out, fn)
@@ -748,3 +759,26 @@ def test_concurrent_saves_to_one_path(small_ckpt: tuple[str, Trainer], tmp_path:
         t.join()
     assert errors == [] and os.listdir(str(tmp_path)) == ["ck.npz"]
     assert not differences(tr, load_checkpoint(target))
+
+
+def test_deflated_metadata_bomb_is_refused_with_bounded_memory(small_ckpt: tuple[str, Trainer], tmp_path: Any) -> None:
+    """Review: a ~100 kB file whose deflated metadata inflates to hundreds of MiB made the loader allocate them
+    before refusing it; now deflated metadata is bounded by a plausible ratio to its compressed size."""
+    path, _ = small_ckpt
+    text = json.dumps({"pad": " " * (48 * 2**20)})  # 48 Mi characters, 192 MiB as UTF-32
+    arr = np.asarray(text)
+    import io
+
+    b = io.BytesIO()
+    np.save(b, arr)
+    out = os.path.join(str(tmp_path), "metabomb.npz")
+    with open(out, "wb") as f:
+        f.write(_replace_member(path, "meta.npy", b.getvalue(), zipfile.ZIP_DEFLATED))
+    assert os.path.getsize(out) < 2**20
+    del text, arr, b
+
+    def load() -> None:
+        with pytest.raises(CheckpointError, match="meta"):
+            load_checkpoint(out)
+
+    assert _peak(load) < 32 * 2**20

@@ -49,6 +49,7 @@ _MAX_NPY_HEADER = 65536            # numpy itself refuses headers over 10000 byt
 _MAX_MEMBERS = 100_000
 _DEFLATE_MAX_RATIO = 1100          # deflate cannot expand more than ~1032:1; a larger claim is a lie
 _META_SLACK = 64 * 2**20           # metadata (JSON text): at most the archive size plus this
+_META_DEFLATE_RATIO = 64           # deflated metadata: at most this many times its compressed size
 _SMALL_TEXT = 2**20                # the SR generator state, an FP8 format name
 
 
@@ -108,12 +109,14 @@ def save_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> str:
         "wall_s": trainer.history["wall_s"][-1] if len(trainer.history) else 0.0,
         "quant_active": bool(trainer.runtime.quant_active),
     }
+    rt = trainer.runtime.state_dict()
+    meta["runtime_keys"] = sorted(rt)  # so that a file with some runtime state removed is refused
     arrays: dict[str, np.ndarray] = {"meta": np.asarray(json.dumps(meta))}
     for k, v in trainer.store.weights.items():
         arrays[f"w/{k}"] = np.asarray(v)
     for k, v in trainer.optimizer.state_dict().items():
         arrays[f"opt/{k}"] = np.asarray(v)
-    for k, v in trainer.runtime.state_dict().items():
+    for k, v in rt.items():
         arrays[f"rt/{k}"] = np.asarray(v)
     for k, a in arrays.items():  # plain numbers and text only: nothing that would need pickle
         if a.dtype.kind not in "fiubU" or a.dtype.fields is not None:
@@ -253,7 +256,8 @@ def _text(a: np.ndarray) -> str:
 
 
 def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A float, or an int a float can hold (JSON allows 10**400, which float() refuses)."""
+    return isinstance(v, float) or (isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**1024)
 
 
 def _check_history(h: Any, step: int, weight_names: set[str]) -> None:
@@ -371,15 +375,21 @@ def _load(f: IO[bytes], path: str, policy: Any, config: Any, task: Any, get_poli
     size = os.fstat(f.fileno()).st_size
     ar = _Archive(f, size)
     _need("meta" in ar.members, "no 'meta' entry: not an fpsim training checkpoint")
-    meta_raw = ar.read("meta", _spec("U", (), max_bytes=size + _META_SLACK))
+    mi = ar.members["meta"]
+    # A stored member is bounded by the file; a deflated one also by what JSON text (held as UTF-32)
+    # plausibly compresses to, so a small file cannot make the loader allocate gigabytes.
+    meta_cap = size + _META_SLACK if mi.compress_type == zipfile.ZIP_STORED else \
+        min(size + _META_SLACK, max(2**20, _META_DEFLATE_RATIO * mi.compress_size))
+    meta_raw = ar.read("meta", _spec("U", (), max_bytes=meta_cap))
     meta = json.loads(_text(meta_raw))
     _need(isinstance(meta, dict), "metadata is not a JSON object")
     _need(meta.get("format_version") == FORMAT_VERSION,
           f"format version {meta.get('format_version')!r}; this fpsim reads version {FORMAT_VERSION}")
     keys = {"format_version", "policy", "policy_fingerprint", "config", "task", "step", "scaler", "history",
             "wall_s", "quant_active"}
-    _need(set(meta) == keys, f"metadata keys: missing {sorted(keys - set(meta))}, "
-                             f"unexpected {sorted(set(meta) - keys)}")
+    optional = {"runtime_keys"}  # written since the runtime state is checked for completeness
+    _need(keys <= set(meta) <= keys | optional, f"metadata keys: missing {sorted(keys - set(meta))}, "
+                                                f"unexpected {sorted(set(meta) - keys - optional)}")
     _need(isinstance(meta["policy"], str) and isinstance(meta["policy_fingerprint"], str),
           "metadata policy is not text")
     try:
@@ -507,6 +517,14 @@ def _load(f: IO[bytes], path: str, policy: Any, config: Any, task: Any, get_poli
     elif not getattr(tr.scaler, "dynamic", False):
         _need(s == fresh["scale"], f"static loss scale {s!r}, the policy's is {fresh['scale']!r}")
     _check_history(meta["history"], step, set(shapes))
+    skipped = sum(meta["history"]["skipped"])
+    _need(t == step - skipped, f"optimizer step count t={t}, but {step} steps with {skipped} skipped took "
+                               f"{step - skipped} optimizer steps")
+    if "runtime_keys" in meta:
+        rk = meta["runtime_keys"]
+        _need(isinstance(rk, list) and all(isinstance(k, str) for k in rk), "metadata runtime_keys is malformed")
+        _need(set(rk) == rt_keys, f"runtime state: missing {sorted(set(rk) - rt_keys)}, "
+                                  f"unexpected {sorted(rt_keys - set(rk))}")
 
     # Everything checked: restore.
     tr.store.weights = weights
