@@ -21,6 +21,7 @@ import functools
 import importlib
 import inspect
 import struct
+import threading
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar, cast
@@ -88,23 +89,27 @@ def set_flush_flags(flags: int) -> int:
 class IEEEMode:
     """``with IEEEMode("what"):`` runs a block with IEEE subnormals (see :func:`ieee_mode`)."""
 
-    __slots__ = ("_name", "_prev")
+    __slots__ = ("_name", "_local")
 
     def __init__(self, name: str = "fpsim") -> None:
         self._name = name
-        self._prev: int | None = None
+        # one stack of saved modes per thread: the same instance may be nested or shared between threads
+        self._local = threading.local()
+
+    def _stack(self) -> list[int | None]:
+        st: list[int | None] | None = getattr(self._local, "stack", None)
+        if st is None:
+            st = self._local.stack = []
+        return st
 
     def __enter__(self) -> IEEEMode:
-        if is_ieee():
-            self._prev = None
-            return self
-        self._prev = _clear(self._name)
+        self._stack().append(None if is_ieee() else _clear(self._name))
         return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
-        if self._prev is not None:
-            _cfpenv.set(self._prev)
-            self._prev = None
+        prev = self._stack().pop()
+        if prev is not None:
+            _cfpenv.set(prev)
 
 
 def _clear(name: str) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import math
+import struct
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -60,7 +61,13 @@ class NaNEncoding(str, enum.Enum):
 
 
 def _pow2(e: int) -> float:
-    return math.ldexp(1.0, e)
+    """2**e exactly. Below float64's normal range it is built from its bit pattern: ``math.ldexp`` gives 0
+    there in a thread that flushes subnormals (FTZ), and a format's limits must not depend on the FPU mode."""
+    if e >= -1022:
+        return math.ldexp(1.0, e)
+    if e < -1074:
+        return 0.0
+    return float(struct.unpack("<d", struct.pack("<Q", 1 << (e + 1074)))[0])
 
 
 def _float_input(x: Any) -> np.ndarray:

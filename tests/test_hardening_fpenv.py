@@ -630,3 +630,54 @@ def test_hostile_inputs_same_under_ftz(op: str) -> None:
             assert _fpenv.flush_flags() == FLUSH
         assert _canon(got) == ref, f"{op}({kind}) differs under FTZ/DAZ"
         assert np.asarray(x).tobytes() == snapshot, f"{op} modified its {kind} input"
+
+
+@pytest.mark.skipif(HELPER is None, reason="needs the FTZ/DAZ helper")
+def test_ieee_mode_context_is_reentrant_and_per_thread() -> None:
+    """Review: one IEEEMode instance nested lost the caller's mode (flags 0 after the blocks, 3 expected)."""
+    import threading
+
+    from fpsim._fpenv import DAZ, FTZ, IEEEMode, flush_flags, set_flush_flags
+
+    guard = IEEEMode("test")
+    prev = set_flush_flags(FTZ | DAZ)
+    try:
+        with guard:
+            with guard:
+                assert flush_flags() == 0
+            assert flush_flags() == 0
+        assert flush_flags() == FTZ | DAZ
+        seen: list[int] = []
+
+        def other() -> None:  # another thread, its own stack (threads start with the creator's mode)
+            with guard:
+                seen.append(flush_flags())
+            seen.append(flush_flags())
+
+        with guard:
+            t = threading.Thread(target=other)
+            t.start()
+            t.join()
+        assert flush_flags() == FTZ | DAZ
+        assert seen[0] == 0
+    finally:
+        set_flush_flags(prev)
+
+
+@pytest.mark.skipif(HELPER is None, reason="needs the FTZ/DAZ helper")
+def test_format_limits_do_not_depend_on_the_fpu_mode() -> None:
+    """Review: fp64.min_subnormal (math.ldexp below 2**-1022) was 0.0 when computed in a flushing thread."""
+    import struct
+
+    from fpsim._fpenv import DAZ, FTZ, set_flush_flags
+
+    fresh = fpsim.Format("x64", 11, 52)  # limits computed now, not cached from import time
+    prev = set_flush_flags(FTZ | DAZ)
+    try:
+        got = {k: fresh.describe()[k] for k in ("min_subnormal", "min_normal", "max", "eps")}
+        sub = fresh.min_subnormal
+    finally:
+        set_flush_flags(prev)
+    assert struct.pack("<d", sub) == struct.pack("<Q", 1)
+    assert {k: struct.pack("<d", v) for k, v in got.items()} == {
+        k: struct.pack("<d", v) for k, v in fpsim.fp64.describe().items() if k in got}
