@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ._fpenv import ieee_mode
+from ._interop import returns_input_kind
 from ._names import parse_name
 from .arith import Context, _round_to_odd, _two_prod
 from .array import _register_reductions
@@ -190,6 +191,7 @@ def _result(r: np.ndarray, scalar: bool, keepdims_shape: tuple[int, ...] | None)
 
 
 @ieee_mode
+@returns_input_kind
 def sum(
     x: Any,
     fmt: FormatLike,
@@ -202,7 +204,7 @@ def sum(
     keepdims: bool = False,
     overflow: Overflow | str = "ieee",
     subnormals: bool = True,
-    rng: np.random.Generator | None = None,
+    rng: np.random.Generator | None = None, as_dtype: bool = False,
 ) -> Any:
     """Sum values in a floating-point format, in an explicit order of accumulation.
 
@@ -228,6 +230,10 @@ def sum(
     overflow, subnormals, rng
         As for :func:`fpsim.round`.
 
+    as_dtype : bool, optional
+        ``True``: the result in the input library's own dtype of the format (ml_dtypes for NumPy input,
+        ``torch.bfloat16``, ``jnp.float8_e4m3fn``, ...) instead of a float32/float64 carrier; applied at
+        the API edge (``fpsim._interop.returns_input_kind``).
     Returns
     -------
     numpy.ndarray or numpy scalar (float64)
@@ -273,6 +279,7 @@ def sum(
 
 
 @ieee_mode
+@returns_input_kind
 def dot(
     a: Any,
     b: Any,
@@ -285,7 +292,7 @@ def dot(
     fused: bool = True,
     overflow: Overflow | str = "ieee",
     subnormals: bool = True,
-    rng: np.random.Generator | None = None,
+    rng: np.random.Generator | None = None, as_dtype: bool = False,
 ) -> Any:
     """Dot product over the last axis, ``sum_i a[..., i] * b[..., i]``, in an explicit order.
 
@@ -325,6 +332,7 @@ def dot(
 
 
 @ieee_mode
+@returns_input_kind
 def matmul(
     a: Any,
     b: Any,
@@ -337,7 +345,7 @@ def matmul(
     fused: bool = True,
     overflow: Overflow | str = "ieee",
     subnormals: bool = True,
-    rng: np.random.Generator | None = None,
+    rng: np.random.Generator | None = None, as_dtype: bool = False,
 ) -> Any:
     """Matrix product with the accumulation model of :func:`dot` for every output element.
 

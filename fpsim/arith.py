@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from ._fpenv import ieee_mode
+from ._interop import returns_input_kind
 from .formats import Format, FormatLike, as_format
 from .rounding import (
     Overflow,
@@ -461,8 +462,10 @@ def _run(op: str, args: tuple[Any, ...], names: tuple[str, ...], fmt: FormatLike
 
 
 @ieee_mode
+@returns_input_kind
 def add(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike = "rne",
-        overflow: Overflow | str = "ieee", subnormals: bool = True, rng: np.random.Generator | None = None) -> Any:
+        overflow: Overflow | str = "ieee", subnormals: bool = True, rng: np.random.Generator | None = None,
+        as_dtype: bool = False) -> Any:
     """``a + b`` computed exactly and rounded once into ``fmt``; broadcasts like ``np.add``.
 
     Parameters
@@ -484,6 +487,10 @@ def add(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike
     rng : numpy.random.Generator, optional
         Random bits for ``"sr"`` (required for it).
 
+    as_dtype : bool, optional
+        ``True``: the result in the input library's own dtype of the format (ml_dtypes for NumPy input,
+        ``torch.bfloat16``, ``jnp.float8_e4m3fn``, ...) instead of a float32/float64 carrier; applied at
+        the API edge (``fpsim._interop.returns_input_kind``).
     Returns
     -------
     numpy.ndarray or numpy scalar
@@ -505,8 +512,10 @@ def add(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike
 
 
 @ieee_mode
+@returns_input_kind
 def sub(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike = "rne", overflow: Overflow | str = "ieee",
-        subnormals: bool = True, rng: np.random.Generator | None = None) -> Any:
+        subnormals: bool = True, rng: np.random.Generator | None = None,
+        as_dtype: bool = False) -> Any:
     """``a - b`` computed exactly and rounded once into ``fmt`` (see :func:`add`).
 
     >>> import fpsim
@@ -521,8 +530,10 @@ def sub(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike
 
 
 @ieee_mode
+@returns_input_kind
 def mul(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike = "rne", overflow: Overflow | str = "ieee",
-        subnormals: bool = True, rng: np.random.Generator | None = None) -> Any:
+        subnormals: bool = True, rng: np.random.Generator | None = None,
+        as_dtype: bool = False) -> Any:
     """``a * b`` computed exactly and rounded once into ``fmt`` (see :func:`add` for the parameters).
 
     >>> import fpsim
@@ -537,8 +548,10 @@ def mul(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike
 
 
 @ieee_mode
+@returns_input_kind
 def div(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike = "rne", overflow: Overflow | str = "ieee",
-        subnormals: bool = True, rng: np.random.Generator | None = None) -> Any:
+        subnormals: bool = True, rng: np.random.Generator | None = None,
+        as_dtype: bool = False) -> Any:
     """``a / b`` correctly rounded into ``fmt`` (see :func:`add` for the parameters).
 
     >>> import fpsim
@@ -555,8 +568,10 @@ def div(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike
 
 
 @ieee_mode
+@returns_input_kind
 def sqrt(a: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike = "rne", overflow: Overflow | str = "ieee",
-         subnormals: bool = True, rng: np.random.Generator | None = None) -> Any:
+         subnormals: bool = True, rng: np.random.Generator | None = None,
+        as_dtype: bool = False) -> Any:
     """Square root correctly rounded into ``fmt`` (see :func:`add` for the parameters).
 
     >>> import fpsim
@@ -571,8 +586,10 @@ def sqrt(a: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike = "rne
 
 
 @ieee_mode
+@returns_input_kind
 def fma(a: Any, b: Any, c: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike = "rne",
-        overflow: Overflow | str = "ieee", subnormals: bool = True, rng: np.random.Generator | None = None) -> Any:
+        overflow: Overflow | str = "ieee", subnormals: bool = True, rng: np.random.Generator | None = None,
+        as_dtype: bool = False) -> Any:
     """Fused multiply-add ``a * b + c``, computed exactly and rounded once into ``fmt``.
 
     Exact for every finite input (fp32 operands included: their product is exact in float64 and the

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from ._fpenv import ieee_mode
+from ._interop import returns_input_kind
 from .formats import Format, FormatLike, NaNEncoding, as_format
 from .rounding import (_BLOCK, Overflow, RoundingLike, _as_float_array, _exact_value, _refuse_masked, _round_array,
                        parse_options, round)
@@ -61,6 +62,7 @@ def _encode(v: np.ndarray, f: Format) -> np.ndarray:
 
 
 @ieee_mode
+@returns_input_kind(dtype_option=False)
 def to_bits(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, overflow: Overflow | str = "ieee",
             subnormals: bool = True, rng: np.random.Generator | None = None, sr_bits: int | None = None) -> Any:
     """Round ``x`` into ``fmt`` and return the bit patterns (uint8/uint16/uint32/uint64).
@@ -91,7 +93,8 @@ def to_bits(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, overflow
 
 
 @ieee_mode
-def from_bits(codes: Any, fmt: FormatLike) -> Any:
+@returns_input_kind
+def from_bits(codes: Any, fmt: FormatLike, *, as_dtype: bool = False) -> Any:
     """Decode bit patterns of ``fmt`` into float64 values (exact).
 
     >>> import fpsim

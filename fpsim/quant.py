@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ._fpenv import ieee_mode
+from ._interop import returns_input_kind
 from .formats import FormatLike, as_format
 from .rounding import RoundingLike
 from .scaling import BlockLike, _as_float, _out, _scaled
@@ -266,6 +267,7 @@ def _fq_per_channel_int(x: np.ndarray, scale: np.ndarray, zp: np.ndarray, axis: 
 
 
 @ieee_mode
+@returns_input_kind(dtype_option=False)
 def fake_quantize_with_mask(
     x: Any,
     scale: Any,
@@ -311,6 +313,7 @@ def fake_quantize_with_mask(
 
 
 @ieee_mode
+@returns_input_kind(dtype_option=False)
 def fake_quantize(
     x: Any,
     scale: Any,
@@ -822,6 +825,7 @@ def lsq_grad_factor(numel: int, quant_max: int) -> float:
 
 
 @ieee_mode
+@returns_input_kind(dtype_option=False)
 def learnable_fake_quantize(x: Any, scale: Any, zero_point: Any, quant_min: int, quant_max: int) -> Any:
     """Forward of ``torch._fake_quantize_learnable_per_tensor_affine``: the ordinary per-tensor op with
     ``scale`` as float32 and ``zero_point = int(clamp(nearbyint(zero_point), qmin, qmax))``."""
@@ -922,6 +926,7 @@ def _torchlike_sum(v: np.ndarray) -> np.ndarray:
 
 
 @ieee_mode
+@returns_input_kind(dtype_option=False)
 def fp8_fake_quantize(
     x: Any,
     fmt: FormatLike = "fp8_e4m3",

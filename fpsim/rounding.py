@@ -27,6 +27,7 @@ from typing import Any, TypeVar, Union
 import numpy as np
 
 from ._fpenv import ieee_mode
+from ._interop import host_array, returns_input_kind
 from ._names import parse_name
 from .formats import Format, FormatLike, as_format
 
@@ -83,12 +84,19 @@ RoundingLike = Union[Rounding, str]
 _E = TypeVar("_E", Rounding, Overflow)
 
 
+_BY_VALUE: dict[type, dict[str, Any]] = {c: {m.value: m for m in c} for c in (Rounding, Overflow)}
+
+
 def _parse_enum(cls: type[_E], value: object, what: str) -> _E:
     if isinstance(value, cls):
         return value
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a {cls.__name__} or a string, got {type(value).__name__}: {value!r}")
-    return cls(parse_name(value, [m.value for m in cls], what))
+    known = _BY_VALUE[cls]
+    hit = known.get(value)  # the canonical spelling: a dict lookup on every call's hot path
+    if hit is not None:
+        return hit  # type: ignore[no-any-return]
+    return cls(parse_name(value, known, what))
 
 
 def as_rounding(mode: RoundingLike) -> Rounding:
@@ -434,6 +442,8 @@ def _as_float_array(x: Any, name: str = "x") -> tuple[np.ndarray, bool]:
         raise TypeError(f"{name} must be numeric, got {type(x).__name__}: {x!r}")
     if isinstance(x, (complex, np.complexfloating)):
         raise TypeError(f"{name} must be real, got a complex value: {x!r}")
+    if not isinstance(x, np.ndarray):  # torch, JAX, CuPy, array API, DLPack: exactly, CPU only (_interop)
+        x = host_array(x, name)
     if not isinstance(x, np.ndarray) and hasattr(x, "__array__") and not isinstance(x, (list, tuple)):
         x = np.asarray(x)
     a = np.asarray(x)
@@ -624,6 +634,7 @@ def _round_exact_scalar(x: object, q: fractions.Fraction | float, f: Format, mod
 
 
 @ieee_mode
+@returns_input_kind
 def round(
     x: Any,
     fmt: FormatLike,
@@ -632,7 +643,7 @@ def round(
     overflow: Overflow | str = "ieee",
     subnormals: bool = True,
     rng: np.random.Generator | None = None,
-    sr_bits: int | None = None,
+    sr_bits: int | None = None, as_dtype: bool = False,
 ) -> Any:
     """Round values into a format, once, from their exact value.
 
@@ -642,7 +653,9 @@ def round(
         float16/float32/float64 (either byte order), ml_dtypes or integer values. A scalar int,
         ``fractions.Fraction`` or ``decimal.Decimal`` is rounded from its exact value; in an array, an
         integer (or Fraction, Decimal) that no float64 holds exactly raises ``ValueError`` naming it.
-        Masked arrays raise ``TypeError``. Never modified.
+        Masked arrays raise ``TypeError``. Never modified. torch CPU tensors (every float dtype, read
+        through their bits), JAX CPU arrays, array-API arrays and DLPack objects are accepted too; device
+        arrays raise ``TypeError`` naming how to move them (``fpsim._interop``).
     fmt : Format or str
         Target format (``"bf16"``, ``fpsim.fp8_e4m3``, ``"float8_e4m3fn"``, ...).
     rounding : {"rne", "rna", "rtz", "rup", "rdn", "rto", "sr"}
@@ -661,7 +674,12 @@ def round(
     -------
     numpy.ndarray or numpy scalar
         The rounded values, exactly representable in ``fmt``: float32 for float32 input (when every value
-        of ``fmt`` is a float32), float64 otherwise. NaN results are the carrier's canonical NaN.
+        of ``fmt`` is a float32), float64 otherwise. NaN results are the carrier's canonical NaN. A torch
+        tensor, JAX array or array-API array in gives that library's array out (same carrier dtype). The
+        keyword ``as_dtype=True`` (added by ``fpsim._interop.returns_input_kind``) gives the result in the
+        input library's own dtype of ``fmt`` instead (ml_dtypes for NumPy input, ``torch.bfloat16``,
+        ``torch.float8_e4m3fn``, ... for torch, ``jnp.bfloat16``, ... for JAX); ``ValueError`` naming
+        the format where the library has none (tf32 anywhere; fp6 in torch).
 
     Examples
     --------

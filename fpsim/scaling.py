@@ -28,6 +28,7 @@ from typing import Any, Union
 import numpy as np
 
 from ._fpenv import ieee_mode
+from ._interop import returns_input_kind
 from ._names import parse_name
 from .formats import Format, FormatLike, as_format
 from .mma.scaled import ScaledTensor
@@ -205,6 +206,7 @@ def _out(a: np.ndarray, scalar_in: bool) -> Any:
 
 
 @ieee_mode
+@returns_input_kind(dtype_option=False)
 def amax(x: Any, *, axis: int | None = None, block: BlockLike | None = None) -> Any:
     """Largest magnitude ``max|x|``: of the whole tensor, per channel, or per block.
 
@@ -261,6 +263,7 @@ def _pow2_floor_f32(s: np.ndarray) -> np.ndarray:
 
 
 @ieee_mode
+@returns_input_kind(dtype_option=False)
 def compute_scale(
     amax: Any,
     fmt: FormatLike,
@@ -469,6 +472,7 @@ def scale_and_quantize(
 
 
 @ieee_mode
+@returns_input_kind(dtype_option=False)
 def fake_quantize(
     x: Any,
     fmt: FormatLike,

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .._fpenv import ieee_mode
+from .._interop import returns_input_kind
 from .._names import parse_name
 from ..formats import Format, fp32, tf32
 from ..rounding import _as_float_array, _first_non_value
@@ -129,6 +130,7 @@ def _lsb_top(a: np.ndarray, b: np.ndarray, model: MMAModel) -> tuple[int, int] |
 
 
 @ieee_mode
+@returns_input_kind(dtype_option=False)
 def dot(a: Any, b: Any, c: Any = None, model: MMAModel | str | None = None, *,
         input_rounding: str | None = None) -> Any:
     """``D = c + sum_i a[..., i] * b[..., i]`` under `model`, chaining its blocks along K in order.
@@ -230,6 +232,7 @@ def _expand_scales(scales: Any, m_: int, n_: int, groups: int) -> tuple[np.ndarr
 
 
 @ieee_mode
+@returns_input_kind(dtype_option=False)
 def matmul(A: Any, B: Any, C: Any = None, *, model: MMAModel | str | None = None,
            promote_every: int | None = None, scales: Any = None,
            input_rounding: str | None = None) -> Any:

@@ -3,7 +3,9 @@
 Use these in your own test suite to check a kernel (a CUDA bf16 cast, an FP8 quantizer, a GEMM) against
 fpsim's single, correctly rounded result. Inputs may be NumPy or ml_dtypes arrays, Python numbers, torch
 tensors (any float dtype, any device), CuPy, JAX, or anything exposing ``__array__`` or DLPack; every
-value is widened exactly to float64 before comparison, so nothing is rounded on the way.
+value is widened exactly to float64 before comparison, so nothing is rounded on the way. Device arrays
+(CUDA tensors, CuPy, JAX on GPU) are copied to the host here, unlike fpsim's computing entry points, which
+refuse them: an assertion returns no array, and checking a GPU kernel's output is what it is for.
 
 Failures explain themselves: how many elements differ, and for the first few the index, the input in
 decimal and hex, the expected and actual values with their bit fields and codes, the distance in ulps of
@@ -27,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from .._fpenv import ieee_mode
+from .._interop import returns_input_kind
 from ..bits import bits_str, to_bits
 from ..formats import Format, FormatLike, as_format, bf16, fp16, fp32
 from ..rounding import Overflow, Rounding, RoundingLike, as_overflow, as_rounding
@@ -134,6 +137,7 @@ def _ordinal(v: np.ndarray, f: Format) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 
 @ieee_mode
+@returns_input_kind(dtype_option=False)
 def ulp_distance(a: Any, b: Any, fmt: FormatLike) -> Any:
     """Signed distance ``a - b`` in units of the spacing of ``fmt``, counted across zero and subnormals.
 
