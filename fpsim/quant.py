@@ -372,6 +372,7 @@ def fake_quantize(
 
 
 @ieee_mode
+@returns_input_kind(dtype_option=False)
 def fake_quantize_grad(
     grad: Any,
     x: Any,
@@ -839,6 +840,7 @@ def learnable_fake_quantize(x: Any, scale: Any, zero_point: Any, quant_min: int,
 
 
 @ieee_mode
+@returns_input_kind(dtype_option=False)
 def learnable_fake_quantize_grad(
     grad: Any,
     x: Any,
@@ -954,6 +956,7 @@ def fp8_fake_quantize(
 
 
 @ieee_mode
+@returns_input_kind(dtype_option=False)
 def fp8_fake_quantize_grad(
     grad: Any,
     x: Any = None,

@@ -410,6 +410,7 @@ def _presaturate(v: np.ndarray, f: Format) -> None:
 
 
 @ieee_mode
+@returns_input_kind(dtype_option=False)
 def dequantize(q: Any, scale: Any, *, axis: int | None = None, block: BlockLike | None = None) -> Any:
     """Back to high-precision units: ``q * scale_inv`` with ``scale_inv = float32(1 / scale)``.
 
@@ -436,6 +437,7 @@ def dequantize(q: Any, scale: Any, *, axis: int | None = None, block: BlockLike 
 
 
 @ieee_mode
+@returns_input_kind(dtype_option=False)
 def scale_and_quantize(
     x: Any,
     fmt: FormatLike,
@@ -866,6 +868,7 @@ def _block_absmax(blocks: np.ndarray) -> np.ndarray:
 
 
 @ieee_mode
+@returns_input_kind(dtype_option=False)
 def mx_scales(block_amax: Any, elem_fmt: FormatLike, *, scale_rounding: str = "floor") -> np.ndarray:
     """E8M0 decode scales (powers of two, as float32) for block amaxes.
 
@@ -911,6 +914,7 @@ def mx_scales(block_amax: Any, elem_fmt: FormatLike, *, scale_rounding: str = "f
 
 
 @ieee_mode
+@returns_input_kind(dtype_option=False)
 def mx_quantize(
     x: Any,
     elem_fmt: FormatLike,
@@ -988,6 +992,7 @@ def mx_quantize(
 
 
 @ieee_mode
+@returns_input_kind(dtype_option=False)
 def mx_dequantize(q: Any, scales: Any, *, block: int = 32, axis: int = -1) -> Any:
     """``q * scale`` with each scale repeated over its ``block`` elements along ``axis``.
 
@@ -1030,6 +1035,7 @@ def _nvfp4_block(shape: tuple[int, ...], block: Any, axis: Any) -> tuple[int, ..
 
 
 @ieee_mode
+@returns_input_kind(dtype_option=False)
 def nvfp4_quantize(
     x: Any,
     *,
@@ -1106,6 +1112,7 @@ def nvfp4_quantize(
 
 
 @ieee_mode
+@returns_input_kind(dtype_option=False)
 def nvfp4_dequantize(q: Any, block_scales: Any, global_scale: Any, *, block: BlockLike = 16,
                      axis: int = -1) -> Any:
     """``q * (block_scale * global_scale)``: the two scales multiplied in float32, then the product with

@@ -253,6 +253,13 @@ ENTRY: dict[str, tuple[Callable[..., Any], int, bool]] = {  # name: (call, numbe
     "quant.fp8_fake_quantize": (lambda x: fpsim.quant.fp8_fake_quantize(x), 1, False),
     "testing.ulp_distance": (lambda x, y: ft.ulp_distance(x, y, "bf16"), 2, False),
     "from_bits": (lambda x: fpsim.from_bits(x, "bf16"), 1, False),
+    "scaling.dequantize": (lambda x: fpsim.scaling.dequantize(x, 0.5), 1, False),
+    "scaling.scale_and_quantize": (lambda x: fpsim.scaling.scale_and_quantize(x, "fp8_e4m3"), 1, False),
+    "scaling.mx_scales": (lambda x: fpsim.scaling.mx_scales(x, "fp8_e4m3"), 1, True),
+    "scaling.mx_quantize": (lambda x: fpsim.scaling.mx_quantize(x, "fp8_e4m3", block=2), 1, False),
+    "scaling.nvfp4_quantize": (lambda x: fpsim.scaling.nvfp4_quantize(x, block=2), 1, False),
+    "quant.fake_quantize_grad": (lambda x, y: fpsim.quant.fake_quantize_grad(y, x, 0.05, 0, -128, 127), 2, False),
+    "quant.fp8_fake_quantize_grad": (lambda x, y: fpsim.quant.fp8_fake_quantize_grad(y, x), 2, False),
     # dataclass / None results: the input is accepted, the result is what the NumPy path gives
     "analyze": (lambda x: fpsim.analyze(x, "bf16").inexact, 1, False),
     "scaling.quantize": (lambda x: fpsim.scaling.quantize(x, "fp8_e4m3", 0.5).data, 1, False),

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .._fpenv import ieee_mode
+from .._interop import returns_input_kind
 from .._names import parse_name
 from ..formats import fp8_e4m3, fp32
 from ..rounding import _as_float_array
@@ -27,6 +28,7 @@ _GROUP = 128
 
 
 @ieee_mode
+@returns_input_kind(dtype_option=False)
 def quantize_tiles(a: np.ndarray, b: np.ndarray, *, per_tensor: bool = False) -> tuple[np.ndarray, ...]:
     """E4M3 quantisation with DeepSeek-V3's fine-grained scales.
 
