@@ -513,3 +513,21 @@ def test_docs_interop_examples_run(lib: str) -> None:
     blocks = [b for b in re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL) if f"import {lib}" in b]
     assert len(blocks) == 1 and len(blocks[0].strip().splitlines()) == 5
     exec(compile(blocks[0], f"interop.md[{lib}]", "exec"), {"__name__": "interop_md"})
+
+
+def test_eight_bit_ml_dtypes_widen_by_table_exactly() -> None:
+    """Large 8-bit ml_dtypes arrays widen through a 256-entry table: the same bits as ml_dtypes' own cast,
+    every code, NaN payloads included, whatever the memory layout."""
+    from fpsim.rounding import _as_float_array
+
+    for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
+                 "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn"):
+        dt = np.dtype(getattr(ml_dtypes, name))
+        codes = np.tile(np.arange(256, dtype=np.uint8), 40)  # 10,240 elements: the table path
+        if dt.itemsize != 1:
+            continue
+        valid = codes if "float8" in name else codes & np.uint8((1 << (4 if "float4" in name else 6)) - 1)
+        x = valid.view(dt).reshape(80, 128)[:, ::-1]  # non-contiguous too
+        got, _ = _as_float_array(x)
+        want = x.astype(np.float64)
+        assert got.shape == want.shape and got.tobytes() == np.ascontiguousarray(want).tobytes(), name
