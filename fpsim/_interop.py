@@ -58,12 +58,20 @@ def _root(x: object) -> str:
     return type(x).__module__.split(".")[0]
 
 
+def _is_torch(x: object) -> bool:
+    """A torch tensor, subclasses from other packages (torchao, user code) included."""
+    if _root(x) == "torch" and hasattr(x, "detach"):
+        return True
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
 def _kind_of_type(x: object) -> str | None:
     """"torch", "jax", "cupy", "array_api" or None (NumPy, Python, anything else) for ``x``'s type."""
     if isinstance(x, (np.ndarray, np.generic)):
         return None
     root = _root(x)
-    if root == "torch" and hasattr(x, "detach"):
+    if _is_torch(x):
         return _TORCH
     if root in ("jax", "jaxlib") and hasattr(x, "devices"):
         return _JAX
@@ -158,7 +166,7 @@ def host_array(x: Any, name: str = "x", *, to_host: bool = False) -> Any:
     if isinstance(x, (np.ndarray, np.generic, float, int, list, tuple)):
         return x
     root = _root(x)
-    if root == "torch" and hasattr(x, "detach"):
+    if _is_torch(x):
         return _torch_to_numpy(x, name, to_host)
     if root in ("jax", "jaxlib") and hasattr(x, "devices"):
         return _jax_to_numpy(x, name, to_host)
@@ -167,6 +175,9 @@ def host_array(x: Any, name: str = "x", *, to_host: bool = False) -> Any:
             raise _refuse_device(name, "a CuPy array (GPU memory)", f"pass cupy.asnumpy({name})")
         return np.asarray(x.get())
     if not hasattr(x, "__dlpack__"):
+        if hasattr(x, "__cuda_array_interface__") and not to_host:  # numba/pycuda device arrays
+            raise _refuse_device(name, f"a {type(x).__name__} in GPU memory (__cuda_array_interface__)",
+                                 "copy it to host memory first (e.g. its copy_to_host())")
         return x  # __array__, the buffer protocol or nothing: np.asarray decides
     dev = _dlpack_device_type(x)
     if dev is not None and dev != 1:  # 1: kDLCPU
@@ -261,9 +272,14 @@ def _to_jax(a: np.ndarray, as_fmt: Any) -> Any:
     if as_fmt is not None:
         f = _format_of(as_fmt)
         dt = _ml_type_for(f)
-        if dt is None or f.name == "fp4_e2m1" and not hasattr(jnp, "float4_e2m1fn"):
+        # XLA holds neither fp6 type (ml_dtypes has them); fp4 only where jnp names it
+        no_fp4 = f.name == "fp4_e2m1" and not hasattr(jnp, "float4_e2m1fn")
+        if dt is None or f.name in ("fp6_e2m3", "fp6_e3m2") or no_fp4:
             raise ValueError(f"as_dtype=True: JAX has no dtype for format {f.name!r}; "
                              "omit as_dtype to get a float32/float64 carrier")
+        if np.dtype(dt).itemsize == 8 and jax.dtypes.canonicalize_dtype(np.dtype(dt)) != np.dtype(dt):
+            raise ValueError(f"as_dtype=True: {f.name} needs float64, which JAX holds only with "
+                             "jax.config.update('jax_enable_x64', True)")
         a = _exact_cast(a, dt, f.name)
     target = jax.dtypes.canonicalize_dtype(a.dtype)
     if target != a.dtype:  # x64 off: float64/int64 results must fit float32/int32 exactly
@@ -366,6 +382,10 @@ def returns_input_kind(func: F | None = None, *, dtype_option: bool = True) -> A
             if as_fmt is None:
                 src = like if like is not None else next(iter(args), None)
                 as_fmt = _input_format(host_array(src) if kind == _TORCH else src)
+        if as_dtype and not all(isinstance(v, (np.ndarray, np.generic)) for v in
+                                (out if type(out) is tuple else (out,))):
+            raise ValueError(f"as_dtype=True applies to array results; {func.__name__} returned a "
+                             f"{type(out).__name__} (convert it with fpsim.to_ml_dtypes or .astype)")
         return _convert(out, kind, like, as_fmt)
 
     if dtype_option:

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from ._fpenv import ieee_mode
-from ._interop import returns_input_kind
+from ._interop import host_array, returns_input_kind
 from .formats import Format, FormatLike, NaNEncoding, as_format
 from .rounding import (_BLOCK, Overflow, RoundingLike, _as_float_array, _exact_value, _refuse_masked, _round_array,
                        parse_options, round)
@@ -103,7 +103,7 @@ def from_bits(codes: Any, fmt: FormatLike, *, as_dtype: bool = False) -> Any:
     """
     f = as_format(fmt)
     _refuse_masked(codes, "codes")
-    c = np.asarray(codes)
+    c = np.asarray(host_array(codes, "codes"))  # the one converter: torch/JAX codes, device arrays refused
     if c.dtype.kind == "O":  # Python ints too large for int64: name the first that does not fit
         for v in c.reshape(-1):
             if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)):

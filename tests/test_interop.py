@@ -531,3 +531,41 @@ def test_eight_bit_ml_dtypes_widen_by_table_exactly() -> None:
         got, _ = _as_float_array(x)
         want = x.astype(np.float64)
         assert got.shape == want.shape and got.tobytes() == np.ascontiguousarray(want).tobytes(), name
+
+
+def test_review_findings_on_the_edge() -> None:
+    """Second review: from_bits goes through the converter; torch subclasses are torch; numba/pycuda-style
+    device arrays are refused; as_dtype on a non-array result is an error, not ignored."""
+    class FakeJaxGpu:  # a JAX array on a GPU: its __array__ would copy to the host silently
+        __module__ = "jaxlib.xla_extension"
+
+        def devices(self) -> list[Any]:
+            return [types.SimpleNamespace(platform="gpu")]
+
+        def __array__(self, dtype: Any = None) -> np.ndarray:
+            return np.ones(2, np.uint16)
+
+    with pytest.raises(TypeError, match="device_get"):
+        fpsim.from_bits(FakeJaxGpu(), "bf16")
+
+    class FakeCuda:  # numba's DeviceNDArray: __cuda_array_interface__ and a copying __array__, no DLPack
+        __cuda_array_interface__ = {"shape": (2,), "typestr": "<f4", "data": (0, False), "version": 3}
+
+        def __array__(self, dtype: Any = None) -> np.ndarray:
+            return np.ones(2, np.float32)
+
+    with pytest.raises(TypeError, match="GPU memory"):
+        fpsim.round(FakeCuda(), "bf16")
+    with pytest.raises(ValueError, match="as_dtype=True applies to array results"):
+        fpsim.add(fpsim.array([1.0], "bf16"), 1.0, as_dtype=True)
+    torch = pytest.importorskip("torch")
+
+    class MyTensor(torch.Tensor):  # e.g. torchao's tensor subclasses
+        pass
+
+    t = torch.tensor([1.0, 1 + 2**-9], dtype=torch.bfloat16).as_subclass(MyTensor)
+    assert float(fpsim.round(t, "fp8_e4m3")[1]) == 1.0
+    f = torch.randn(4).as_subclass(MyTensor).requires_grad_()
+    assert isinstance(fpsim.round(f, "bf16"), torch.Tensor)
+    with pytest.raises(TypeError, match="codes must be integers"):
+        fpsim.from_bits(torch.ones(2, dtype=torch.bfloat16), "bf16")
