@@ -345,26 +345,7 @@ class Format:
         >>> float(fpsim.fp16.next_up(1.0)), float(fpsim.fp16.next_up(-float("inf")))
         (1.0009765625, -65504.0)
         """
-        from .rounding import round as _round
-
-        xa = _float_input(x)
-        top = np.inf if self.has_inf else np.nan
-        mid = (xa >= self._lowest) & (xa < self.max)  # False for NaN
-        r = np.where(xa < self._lowest, self._lowest, np.where(xa >= self.max, top, np.nan))
-        if np.any(mid):
-            xm = xa[mid]
-            rm = np.asarray(_round(xm, self, "rup", overflow="saturate"), dtype=np.float64)
-            same = rm == xm
-            if np.any(same):
-                rs = rm[same]
-                step = np.where(rs >= 0, self.ulp(rs), self._ulp_below(np.abs(rs)))
-                bumped = np.asarray(_round(rs + step, self, "rne"), dtype=np.float64)
-                rm[same] = np.where(rs == 0, self.min_subnormal, bumped)
-            if not self.subnormals:  # round() flushes after rounding; the format simply has no values there
-                tiny = (xm != 0) & (np.abs(xm) < self.min_normal)
-                rm[tiny] = np.where(xm[tiny] > 0, self.min_normal, 0.0)
-            r[mid] = rm
-        return r[()] if r.ndim == 0 else r
+        return self._neighbour(x, up=True)
 
     @ieee_mode
     def next_down(self, x: Any) -> Any:
@@ -377,24 +358,35 @@ class Format:
         >>> float(fpsim.fp16.next_down(1.0)), float(fpsim.fp16.next_down(float("inf")))
         (0.99951171875, 65504.0)
         """
+        return self._neighbour(x, up=False)
+
+    def _neighbour(self, x: Any, *, up: bool) -> Any:
+        """nextUp (``up``) or nextDown: one walk, the direction ``d`` = +1 or -1."""
         from .rounding import round as _round
 
         xa = _float_input(x)
-        bottom = -np.inf if (self.has_inf and self.signed) else np.nan
-        mid = (xa > self._lowest) & (xa <= self.max)  # False for NaN
-        r = np.where(xa > self.max, self.max, np.where(xa <= self._lowest, bottom, np.nan))
+        d = 1.0 if up else -1.0
+        lo, hi = self._lowest, self.max
+        if up:  # beyond max: +inf, or NaN where no value is greater
+            mid = (xa >= lo) & (xa < hi)  # False for NaN
+            r = np.where(xa < lo, lo, np.where(xa >= hi, np.inf if self.has_inf else np.nan, np.nan))
+        else:  # below the least value: -inf, or NaN where no value is less
+            mid = (xa > lo) & (xa <= hi)
+            r = np.where(xa > hi, hi, np.where(xa <= lo, -np.inf if (self.has_inf and self.signed) else np.nan,
+                                               np.nan))
         if np.any(mid):
             xm = xa[mid]
-            rm = np.asarray(_round(xm, self, "rdn", overflow="saturate"), dtype=np.float64)
+            rm = np.asarray(_round(xm, self, "rup" if up else "rdn", overflow="saturate"), dtype=np.float64)
             same = rm == xm
-            if np.any(same):
+            if np.any(same):  # x is a value: one step in direction d (away from zero: ulp; toward: ulp below)
                 rs = rm[same]
-                step = np.where(rs > 0, self._ulp_below(np.abs(rs)), self.ulp(rs))
-                bumped = np.asarray(_round(rs - step, self, "rne"), dtype=np.float64)
-                rm[same] = np.where(rs == 0, -self.min_subnormal, bumped)
-            if not self.subnormals:
+                away = (d * rs > 0) | (rs == 0)
+                step = np.where(away, self.ulp(rs), self._ulp_below(np.abs(rs)))
+                bumped = np.asarray(_round(rs + d * step, self, "rne"), dtype=np.float64)
+                rm[same] = np.where(rs == 0, d * self.min_subnormal, bumped)
+            if not self.subnormals:  # round() flushes after rounding; the format simply has no values there
                 tiny = (xm != 0) & (np.abs(xm) < self.min_normal)
-                rm[tiny] = np.where(xm[tiny] > 0, 0.0, -self.min_normal)
+                rm[tiny] = np.where(d * xm[tiny] > 0, d * self.min_normal, 0.0)
             r[mid] = rm
         return r[()] if r.ndim == 0 else r
 
