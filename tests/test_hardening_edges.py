@@ -6,6 +6,11 @@ import subprocess
 import sys
 
 
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter (import-time behaviour needs one)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
 def test_strategies_reachable_as_attribute_and_lazy() -> None:
     """`import fpsim.testing` does not import hypothesis; `fpsim.testing.strategies` then loads it on access."""
     code = (
@@ -16,7 +21,7 @@ def test_strategies_reachable_as_attribute_and_lazy() -> None:
         "try:\n    ft.no_such_name\nexcept AttributeError as e:\n    assert 'no_such_name' in str(e)\n"
         "else:\n    raise SystemExit('no AttributeError')\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    r = _python(code)
     assert r.returncode == 0, r.stderr
 
 
@@ -29,6 +34,6 @@ def test_progress_with_ipykernel_imported_but_no_kernel() -> None:
         "h = Trainer('fp32', TrainConfig(steps=2, batch_size=4)).run()\n"
         "assert len(h['loss']) == 2\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    r = _python(code)
     assert r.returncode == 0, r.stderr
     assert r.stdout == "" and r.stderr == "", (r.stdout, r.stderr)  # not a terminal, no notebook: silent
