@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_bool, check_int, check_real
+from .._names import parse_name
 from .attention import attention_backward, attention_forward
 from .layers import (
     _check_ids,
@@ -40,7 +41,26 @@ from .layers import (
 )
 from .precision import FULL, Precision
 
-__all__ = ["GPTConfig", "activation_elements", "count_params", "gpt_backward", "gpt_forward", "init_params"]
+__all__ = ["ATTENTION_KINDS", "CHECKPOINT_MODES", "GPTConfig", "activation_elements", "count_params", "gpt_backward",
+           "gpt_forward", "init_params"]
+
+#: Attention implementations a GPTConfig may name.
+ATTENTION_KINDS: tuple[str, ...] = ("standard", "flash")
+#: Named checkpointing modes (an int k >= 1 is also accepted: every k-th block).
+CHECKPOINT_MODES: tuple[str, ...] = ("none", "blocks", "selective")
+
+
+def _parse_checkpoint(value: object, n_layer: int) -> str | int:
+    """``"none" | "blocks" | "selective"`` (one name rule) or an int k >= 1 (every k-th block)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        k = int(value)
+        if k < 1:
+            raise ValueError(f"GPTConfig.checkpoint: an int means every k-th block and must be >= 1, got {k}")
+        return k
+    if isinstance(value, str):
+        return parse_name(value, CHECKPOINT_MODES, "GPTConfig.checkpoint")
+    raise TypeError(f"GPTConfig.checkpoint must be one of {', '.join(CHECKPOINT_MODES)} or an int k >= 1, "
+                    f"got {type(value).__name__} {value!r}")
 
 
 @dataclass(frozen=True)
@@ -51,6 +71,11 @@ class GPTConfig:
     width C (divisible by ``n_head``). ``tie_weights``: the output projection is ``wte.T`` (GPT-2).
     ``init_std``: standard deviation of the normal initialisation (residual projections are further
     divided by sqrt(2 n_layer), as in GPT-2).
+    ``attention``: ``"standard"`` (nanoGPT's full T x T path, the naive reference) or ``"flash"``
+    (FlashAttention-2's tiled forward and recomputing backward).
+    ``checkpoint``: activation checkpointing: ``"none"``, ``"blocks"`` (every block recomputed in the
+    backward pass), ``"selective"`` (only the attention core, Korthikanti et al.) or an int k >= 1
+    (every k-th block).
     """
 
     vocab_size: int = 16
@@ -62,6 +87,8 @@ class GPTConfig:
     bias: bool = True
     init_std: float = 0.02
     ln_eps: float = 1e-5
+    attention: str = "standard"
+    checkpoint: str | int = "none"
 
     def __post_init__(self) -> None:
         # Stored as plain Python numbers: the config travels as JSON inside checkpoints.
@@ -76,6 +103,8 @@ class GPTConfig:
             object.__setattr__(self, f, check_bool(getattr(self, f), f"GPTConfig.{f}"))
         object.__setattr__(self, "init_std", check_real(self.init_std, "GPTConfig.init_std", lo=0.0, lo_open=True))
         object.__setattr__(self, "ln_eps", check_real(self.ln_eps, "GPTConfig.ln_eps", lo=0.0))
+        object.__setattr__(self, "attention", parse_name(self.attention, ATTENTION_KINDS, "GPTConfig.attention"))
+        object.__setattr__(self, "checkpoint", _parse_checkpoint(self.checkpoint, self.n_layer))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -181,6 +210,63 @@ def _get(p: dict[str, np.ndarray], k: str) -> np.ndarray | None:
     return p.get(k)
 
 
+def _attention_impl(cfg: GPTConfig) -> tuple[Any, Any]:
+    """(forward, backward) of the configured attention; both take and return what the standard pair does."""
+    if cfg.attention == "standard":
+        return attention_forward, attention_backward
+    raise NotImplementedError(f"GPTConfig.attention={cfg.attention!r} is not implemented yet")
+
+
+def _block_forward(params: dict[str, np.ndarray], cfg: GPTConfig, x: np.ndarray, i: int,
+                   prec: Precision) -> tuple[np.ndarray, Any]:
+    """Transformer block ``i``: x (B, T, C) -> x (B, T, C) and the block's cache (for :func:`_block_backward`)."""
+    h = f"h{i}"
+    c: dict[str, Any] = {}
+    attn_fwd, attn_bwd = _attention_impl(cfg)
+    a, c["ln1"] = layernorm_forward(x, params[f"{h}.ln1.g"], params[f"{h}.ln1.b"], cfg.ln_eps)
+    a = prec.act(a, f"{h}.ln1", "layernorm")
+    a, c["attn"] = attn_fwd(
+        a, params[f"{h}.attn.qkv.w"], _get(params, f"{h}.attn.qkv.b"), params[f"{h}.attn.proj.w"],
+        _get(params, f"{h}.attn.proj.b"), cfg.n_head, prec=prec, site=f"{h}.attn")
+    x = prec.act(x + a, f"{h}.res1", "residual")
+    m, c["ln2"] = layernorm_forward(x, params[f"{h}.ln2.g"], params[f"{h}.ln2.b"], cfg.ln_eps)
+    m = prec.act(m, f"{h}.ln2", "layernorm")
+    m, c["fc"] = linear_forward(m, params[f"{h}.mlp.fc.w"], _get(params, f"{h}.mlp.fc.b"),
+                                prec=prec, site=f"{h}.mlp.fc")                   # (B, T, 4C)
+    m, c["gelu"] = gelu_forward(m)
+    m = prec.act(m, f"{h}.gelu", "gelu")
+    m, c["proj"] = linear_forward(m, params[f"{h}.mlp.proj.w"], _get(params, f"{h}.mlp.proj.b"),
+                                  prec=prec, site=f"{h}.mlp.proj")               # (B, T, C)
+    x = prec.act(x + m, f"{h}.res2", "residual")
+    return x, (c, h, prec, attn_bwd)
+
+
+def _block_backward(dx: np.ndarray, cache: Any, g: dict[str, np.ndarray]) -> np.ndarray:
+    """Gradient through one block: dx (B, T, C) -> dx (B, T, C); parameter gradients written into ``g``."""
+    c, h, prec, attn_bwd = cache
+    dx = prec.grad(dx, f"{h}.res2", "residual")
+    dm, g[f"{h}.mlp.proj.w"], db = linear_backward(dx, c["proj"])
+    if db is not None:
+        g[f"{h}.mlp.proj.b"] = db
+    dm = prec.grad(dm, f"{h}.gelu", "gelu")
+    dm = gelu_backward(dm, c["gelu"])
+    dm, g[f"{h}.mlp.fc.w"], db = linear_backward(dm, c["fc"])
+    if db is not None:
+        g[f"{h}.mlp.fc.b"] = db
+    dm = prec.grad(dm, f"{h}.ln2", "layernorm")
+    dm, g[f"{h}.ln2.g"], g[f"{h}.ln2.b"] = layernorm_backward(dm, c["ln2"])
+    dx = dx + dm
+    dx = prec.grad(dx, f"{h}.res1", "residual")
+    ga = attn_bwd(dx, c["attn"])
+    g[f"{h}.attn.qkv.w"], g[f"{h}.attn.proj.w"] = ga["w_qkv"], ga["w_proj"]
+    if ga["b_qkv"] is not None:
+        g[f"{h}.attn.qkv.b"], g[f"{h}.attn.proj.b"] = ga["b_qkv"], ga["b_proj"]
+    da = prec.grad(ga["x"], f"{h}.ln1", "layernorm")
+    da, g[f"{h}.ln1.g"], g[f"{h}.ln1.b"] = layernorm_backward(da, c["ln1"])
+    out: np.ndarray = dx + da
+    return out
+
+
 def gpt_forward(params: dict[str, np.ndarray], cfg: GPTConfig, idx: np.ndarray, targets: np.ndarray | None = None,
                 *, prec: Precision = FULL, ignore_index: int = -1,
                 loss_normalizer: int | None = None) -> tuple[np.ndarray, np.ndarray | None, Any]:
@@ -218,22 +304,7 @@ def gpt_forward(params: dict[str, np.ndarray], cfg: GPTConfig, idx: np.ndarray, 
     pos = params["wpe"][:T]                                                        # (T, C)
     x = prec.act(tok + pos, "emb", "embedding")                                    # (B, T, C)
     for i in range(cfg.n_layer):
-        h = f"h{i}"
-        a, caches[f"{h}.ln1"] = layernorm_forward(x, params[f"{h}.ln1.g"], params[f"{h}.ln1.b"], cfg.ln_eps)
-        a = prec.act(a, f"{h}.ln1", "layernorm")
-        a, caches[f"{h}.attn"] = attention_forward(
-            a, params[f"{h}.attn.qkv.w"], _get(params, f"{h}.attn.qkv.b"), params[f"{h}.attn.proj.w"],
-            _get(params, f"{h}.attn.proj.b"), cfg.n_head, prec=prec, site=f"{h}.attn")
-        x = prec.act(x + a, f"{h}.res1", "residual")
-        m, caches[f"{h}.ln2"] = layernorm_forward(x, params[f"{h}.ln2.g"], params[f"{h}.ln2.b"], cfg.ln_eps)
-        m = prec.act(m, f"{h}.ln2", "layernorm")
-        m, caches[f"{h}.fc"] = linear_forward(m, params[f"{h}.mlp.fc.w"], _get(params, f"{h}.mlp.fc.b"),
-                                              prec=prec, site=f"{h}.mlp.fc")     # (B, T, 4C)
-        m, caches[f"{h}.gelu"] = gelu_forward(m)
-        m = prec.act(m, f"{h}.gelu", "gelu")
-        m, caches[f"{h}.proj"] = linear_forward(m, params[f"{h}.mlp.proj.w"], _get(params, f"{h}.mlp.proj.b"),
-                                                prec=prec, site=f"{h}.mlp.proj")  # (B, T, C)
-        x = prec.act(x + m, f"{h}.res2", "residual")
+        x, caches[f"h{i}"] = _block_forward(params, cfg, x, i, prec)                 # (B, T, C)
     x, caches["lnf"] = layernorm_forward(x, params["lnf.g"], params["lnf.b"], cfg.ln_eps)
     x = prec.act(x, "lnf", "layernorm")
     w_out = params["wte"].T if cfg.tie_weights else params["lm_head.w"]            # (C, V)
@@ -259,27 +330,7 @@ def gpt_backward(dloss: float | np.ndarray, cache: Any) -> dict[str, np.ndarray]
     dx = prec.grad(dx, "lnf", "layernorm")
     dx, g["lnf.g"], g["lnf.b"] = layernorm_backward(dx, caches["lnf"])
     for i in reversed(range(cfg.n_layer)):
-        h = f"h{i}"
-        dx = prec.grad(dx, f"{h}.res2", "residual")
-        dm, g[f"{h}.mlp.proj.w"], db = linear_backward(dx, caches[f"{h}.proj"])
-        if db is not None:
-            g[f"{h}.mlp.proj.b"] = db
-        dm = prec.grad(dm, f"{h}.gelu", "gelu")
-        dm = gelu_backward(dm, caches[f"{h}.gelu"])
-        dm, g[f"{h}.mlp.fc.w"], db = linear_backward(dm, caches[f"{h}.fc"])
-        if db is not None:
-            g[f"{h}.mlp.fc.b"] = db
-        dm = prec.grad(dm, f"{h}.ln2", "layernorm")
-        dm, g[f"{h}.ln2.g"], g[f"{h}.ln2.b"] = layernorm_backward(dm, caches[f"{h}.ln2"])
-        dx = dx + dm
-        dx = prec.grad(dx, f"{h}.res1", "residual")
-        ga = attention_backward(dx, caches[f"{h}.attn"])
-        g[f"{h}.attn.qkv.w"], g[f"{h}.attn.proj.w"] = ga["w_qkv"], ga["w_proj"]
-        if ga["b_qkv"] is not None:
-            g[f"{h}.attn.qkv.b"], g[f"{h}.attn.proj.b"] = ga["b_qkv"], ga["b_proj"]
-        da = prec.grad(ga["x"], f"{h}.ln1", "layernorm")
-        da, g[f"{h}.ln1.g"], g[f"{h}.ln1.b"] = layernorm_backward(da, caches[f"{h}.ln1"])
-        dx = dx + da
+        dx = _block_backward(dx, caches[f"h{i}"], g)                                 # (B, T, C)
     dx = prec.grad(dx, "emb", "embedding")
     dwte = embedding_backward(dx, caches["wte"])                                   # (V, C)
     dwpe = np.zeros((cfg.block_size, dx.shape[-1]), dtype=dx.dtype)
