@@ -26,7 +26,9 @@ Operands that overflow or underflow these transformations (magnitudes beyond abo
 possible for float64 inputs that are not values of the format) are scaled by powers of two first; a
 result whose magnitude lies far outside the target's range keeps only its sign and "tiny"/"huge", which
 is all that rounding needs. Results are therefore one correct rounding of the exact result for *any*
-finite float input, not only for operands representable in the format.
+finite float input, not only for operands representable in the format. fp64 ``fma`` (``"rne"``) too: where
+an operand, the product or the addend leaves ``2**±900`` it is computed exactly in int64 limbs
+(`_fma64_wide`) and rounded once.
 
 For round-to-nearest-even and ``p <= 25`` (fp16, bf16 and narrower) with operands that are values of the
 format, plain float64 ``+ - * / sqrt`` followed by one rounding is already correct (double rounding is
@@ -610,22 +612,147 @@ def fma(a: Any, b: Any, c: Any, fmt: FormatLike | None = None, *, rounding: Roun
     return _run("fma", (a, b, c), ("a", "b", "c"), fmt, rounding, overflow, subnormals, rng)
 
 
+_LB = 26  # limb width of the exact fp64 FMA
+_NL = 9  # limbs: 165 bits of aligned sum plus headroom for carries and the normalising shift
+
+
+def _carry(limbs: np.ndarray) -> None:
+    """Normalise int64 limbs in place to [0, 2**26) each, the carry (signed) ending in the top limb."""
+    mask = (1 << _LB) - 1
+    for j in range(limbs.shape[0] - 1):
+        c = limbs[j] >> _LB
+        limbs[j] &= mask
+        limbs[j + 1] += c
+
+
+def _fma64_wide(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """RN64(a*b + c) for finite a, b != 0 and finite c of any magnitude, in int64 limbs (vectorised).
+
+    With x = M_x 2**q_x (M_x in [2**52, 2**53), as frexp normalises subnormals too): a product far below c's
+    last bit (more than 110 bits) leaves c; an addend far below the product's last bit (more than 58 bits)
+    acts only as a sticky bit of its sign. Otherwise the exact sum fits 165 bits; its top 55 bits and a sticky
+    bit are rounded once, to 53 bits or to the subnormal grid 2**-1074.
+    """
+    n = a.shape[0]
+    ma, ea = np.frexp(a)
+    mb, eb = np.frexp(b)
+    mc, ec = np.frexp(c)
+    Ma = np.abs(np.ldexp(ma, 53)).astype(np.int64)
+    Mb = np.abs(np.ldexp(mb, 53)).astype(np.int64)
+    Mc = np.abs(np.ldexp(mc, 53)).astype(np.int64)
+    qp = ea.astype(np.int64) + eb - 106
+    qc = ec.astype(np.int64) - 53
+    sp = np.where((a < 0) != (b < 0), -1, 1).astype(np.int64)
+    sc = np.where(c < 0, -1, 1).astype(np.int64)
+    czero = c == 0
+    far_c = ~czero & (qc - qp > 110)  # the product cannot move c
+    sticky_c = ~czero & (qp - qc > 58)  # c is below half the product's last bit: keep its sign only
+    Mc = np.where(sticky_c, 1, np.where(czero, 0, Mc))
+    qc = np.where(sticky_c, qp - 2, np.where(czero, qp, qc))
+    q0 = np.minimum(qp, qc)
+    mask = (1 << _LB) - 1
+    limbs = np.zeros((_NL, n), dtype=np.int64)
+    cols = np.arange(n)
+    # product limbs: (a2 a1 a0) x (b2 b1 b0) in base 2**26, shifted by qp - q0 bits
+    al = [Ma & mask, (Ma >> _LB) & mask, Ma >> (2 * _LB)]
+    bl = [Mb & mask, (Mb >> _LB) & mask, Mb >> (2 * _LB)]
+    prod = np.zeros((6, n), dtype=np.int64)
+    for i in range(3):
+        for j in range(3):
+            prod[i + j] += al[i] * bl[j]
+    _carry(prod)
+
+    def place(src: np.ndarray, shift: np.ndarray, sign: np.ndarray) -> None:
+        w, r = shift // _LB, shift % _LB
+        part = np.zeros((src.shape[0] + 1, n), dtype=np.int64)
+        part[:-1] = src << r
+        _carry(part)
+        for k in range(part.shape[0]):
+            rows = np.minimum(k + w, _NL - 1)
+            limbs[rows, cols] += sign * part[k]
+
+    place(prod, qp - q0, sp)
+    cl = np.stack([Mc & mask, (Mc >> _LB) & mask, Mc >> (2 * _LB)])
+    place(np.where(far_c, 0, cl), np.where(far_c, 0, qc - q0), sc)
+    _carry(limbs)
+    neg = limbs[-1] < 0
+    limbs = np.where(neg, -limbs, limbs)
+    _carry(limbs)
+    nz = limbs != 0
+    zero = ~nz.any(axis=0)
+    h = (_NL - 1) - np.argmax(nz[::-1], axis=0)  # top nonzero limb
+    top = limbs[h, cols]
+    bl_top = np.floor(np.log2(np.maximum(top, 1).astype(np.float64))).astype(np.int64)  # exact for < 2**26
+    sh = (_LB - 1) - bl_top  # left shift that puts the leading bit at position 25 of limb h
+    t2 = limbs[h, cols] << sh
+    t1 = np.where(h >= 1, limbs[np.maximum(h - 1, 0), cols], 0) << sh
+    t0 = np.where(h >= 2, limbs[np.maximum(h - 2, 0), cols], 0) << sh
+    tm = np.where(h >= 3, limbs[np.maximum(h - 3, 0), cols], 0) << sh
+    # the three shifted limbs as one normalised 78-bit window t2|t1|t0 (t2 holds exactly 26 bits now)
+    t0, tm = t0 + (tm >> _LB), tm & mask
+    t1, t0 = t1 + (t0 >> _LB), t0 & mask
+    t2, t1 = t2 + (t1 >> _LB), t1 & mask
+    tt = (t2 << 29) | (t1 << 3) | (t0 >> 23)  # top 55 bits
+    low = (t0 & ((1 << 23) - 1)) != 0
+    below = np.zeros(n, dtype=bool)
+    for j in range(_NL):
+        below |= (j < h - 3) & (limbs[j] != 0)  # limbs under the four read above
+    sticky = low | (tm != 0) | below
+    lead = q0 + _LB * h + bl_top  # exponent of the leading bit
+    u = np.maximum(lead - 52, -1074)  # exponent of the result's last bit
+    drop = u - (lead - 54)  # bits of tt below the last bit (>= 2)
+    big = drop >= 62
+    dr = np.where(big, 2, drop)
+    qv = tt >> dr
+    rem = tt & ((np.int64(1) << dr) - 1)
+    half = np.int64(1) << (dr - 1)
+    up = (rem > half) | ((rem == half) & (sticky | ((qv & 1) == 1)))
+    qv = np.where(big, 0, qv + up)
+    with np.errstate(over="ignore"):
+        res = np.ldexp(qv.astype(np.float64), u.astype(np.int32))
+    res = np.where(neg, -res, res)
+    res = np.where(zero, 0.0, res)
+    return np.where(far_c, c, res)
+
+
+def _fma_fp64_fast(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """RN64(a*b + c) by Boldo and Melquiond's RN(th + RO(tl + pl)) with Dekker's TwoProduct.
+
+    Exact only where nothing over- or underflows: |a|, |b|, |a*b| in [2**-900, 2**900] and |c| <= 2**900
+    (then the result is normal, and neither the split nor the error terms leave float64's range).
+    """
+    ph, pl = _two_prod(a, b)
+    th, tl = _two_sum(c, ph)
+    ws, we = _two_sum(tl, pl)
+    v = np.where(ws == 0, ws, _round_to_odd(np.where(ws == 0, 1.0, ws), we))
+    return np.asarray(th + v)
+
+
 def _fma_fp64(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """RN64(a*b + c): Boldo and Melquiond's RN(th + RO(tl + pl)), valid while nothing over- or underflows."""
+    """RN64(a*b + c) for any float64 operands (IEEE 754 fusedMultiplyAdd, roundTiesToEven).
+
+    Operands inside 2**+-900 take the error-free transformations (`_fma_fp64_fast`); other finite ones
+    with a nonzero product the exact int64-limb FMA (`_fma64_wide`). A zero or non-finite product and
+    non-finite operands follow float64's own ``a*b + c``, except that a finite product (which may
+    overflow in float64 although it is finite) plus an infinite ``c`` is ``c``.
+    """
     p = a * b
-    fin = np.isfinite(a) & np.isfinite(b) & np.isfinite(c)
-    out = p + c
-    safe = fin & (np.abs(p) >= 2.0**-900) & (np.abs(p) <= 2.0**900) & (np.abs(c) <= 2.0**900)
+    ap = np.abs(p)
+    aa = np.abs(a)
+    ab = np.abs(b)
+    safe = (ap >= _TINY) & (ap <= _HUGE) & (np.abs(c) <= _HUGE)
+    safe &= (aa >= _TINY) & (aa <= _HUGE) & (ab >= _TINY) & (ab <= _HUGE)
+    if safe.all():
+        return _fma_fp64_fast(a, b, c)
+    out = p + c  # IEEE specials: NaN propagation, inf*0, inf - inf, zero products and their signs
     if safe.any():
-        aa, bb, cc = a[safe], b[safe], c[safe]
-        ph, pl = _two_prod(aa, bb)
-        th, tl = _two_sum(cc, ph)
-        ws, we = _two_sum(tl, pl)
-        v = np.where(ws == 0, ws, _round_to_odd(np.where(ws == 0, 1.0, ws), we))
-        out[safe] = th + v
-    unsafe = fin & ~safe & (a != 0) & (b != 0)
-    if unsafe.any():
-        raise ValueError("fma in fp64 supports products and addends within 2**±900 only")
+        out[safe] = _fma_fp64_fast(a[safe], b[safe], c[safe])
+    fin = ~safe & np.isfinite(a) & np.isfinite(b)
+    inf_c = fin & np.isinf(c)
+    out[inf_c] = c[inf_c]  # a finite exact product cannot cancel an infinity
+    wide = fin & np.isfinite(c) & (a != 0) & (b != 0)
+    if wide.any():
+        out[wide] = _fma64_wide(a[wide], b[wide], c[wide])
     return np.asarray(out)
 
 
