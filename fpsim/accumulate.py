@@ -14,7 +14,12 @@
 ``"kahan"``
     Kahan's compensated summation, each of its four operations rounded in the accumulator format.
 ``"exact"``
-    The exact sum (``math.fsum`` plus the sign of its residual), rounded once.
+    The exact sum (a vectorised fixed-point accumulation of the terms), rounded once.
+a :class:`SumTree`
+    Any explicit tree over the terms (for example one revealed from a library by
+    :func:`fpsim.testing.reveal_order`): each node's children are added and the result rounded, level
+    by level (all nodes of a level at once); a node of more than two children adds them exactly and
+    rounds once.
 
 Inputs are first rounded into ``fmt`` (a no-op for values already in it); partial results live in the
 accumulator format ``accumulate`` (default: ``fmt``); the result is rounded into ``fmt``. Every
@@ -23,6 +28,7 @@ rounding is a correctly rounded operation of :mod:`fpsim.arith` with the given m
 
 from __future__ import annotations
 
+import builtins
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -32,22 +38,35 @@ import numpy as np
 from ._fpenv import ieee_mode
 from ._interop import returns_input_kind
 from ._names import parse_name
-from .arith import Context, _round_to_odd, _two_prod
+from ._sumtree import SumTree
+from .arith import Context, _two_prod
 from .array import _register_reductions
 from .formats import Format, FormatLike
 from .rounding import Overflow, RoundingLike, _as_float_array
 
-__all__ = ["ORDERS", "dot", "matmul", "sum"]
+__all__ = ["ORDERS", "SumTree", "dot", "matmul", "sum"]
 
 ORDERS = ("sequential", "pairwise", "blocked", "kahan", "exact")
 _DEFAULT_BLOCK = 32
 
 
-def _check_order(order: str) -> str:
+def _check_order(order: str | SumTree | tuple[Any, ...]) -> str | SumTree:
+    if isinstance(order, SumTree):
+        return order
+    if isinstance(order, tuple):  # nested tuples of term indices, as SumTree takes them
+        return SumTree(order)
+    if not isinstance(order, str):
+        raise TypeError(f"summation order must be a name ({', '.join(ORDERS)}), a fpsim.accumulate.SumTree or "
+                        f"nested tuples of term indices, got {type(order).__name__}: {order!r}")
     return parse_name(order, ORDERS, "summation order")
 
 
-def _check_block(block: int | None, order: str) -> int:
+def _check_tree(tree: SumTree, n: int) -> None:
+    if tree.n != n:
+        raise ValueError(f"the summation tree has {tree.n} terms but the reduced axis has length {n}")
+
+
+def _check_block(block: int | None, order: str | SumTree) -> int:
     if block is None:
         return _DEFAULT_BLOCK
     if order != "blocked":
@@ -131,11 +150,85 @@ def _kahan(acc: Context, t: np.ndarray, exact: bool) -> np.ndarray:
     return np.asarray(s)
 
 
-def _exact(terms: list[np.ndarray], nearest64: bool = False) -> np.ndarray:
-    """RO53 of the exact sum over axis 0 of the given arrays' terms (several arrays: their union).
+_LIMB = 30  # bits per limb of the exact (fixed-point) accumulator
+_LIMB_MASK = (1 << _LIMB) - 1
 
-    ``math.fsum`` gives RN64 of the exact sum and, applied again with ``-s`` appended, the sign of the
-    residual; from the two, the round-to-odd value that one more rounding turns into the correct result.
+
+def _exact_sum_ro53(flat: np.ndarray, nearest64: bool) -> np.ndarray:
+    """The exact sum over axis 0 of finite float64 terms ``flat`` (k, m), as RO53 (or RN64 with
+    ``nearest64``) per column; 0.0 where the exact sum is zero.
+
+    Vectorised fixed-point accumulation: each term is ``M * 2**p`` (``|M| < 2**53``); its two halves are
+    shifted onto 30-bit limbs (only the limbs the terms' exponents span, plus carry room) and added with
+    ``np.bincount`` (float64 sums of fewer than 2**23 values of at most 2**30 are exact); carries are
+    propagated limb by limb over all columns at once, and the top 62 bits with a sticky bit for the rest
+    are rounded in integer arithmetic.
+    """
+    k, m = flat.shape
+    if k >= 2**23:  # pragma: no cover - bincount's float64 sums would no longer be exact
+        raise ValueError(f"exact summation takes fewer than 2**23 terms, got {k}")
+    f, e = np.frexp(flat)
+    mant = np.abs(np.ldexp(f, 53)).astype(np.int64)  # |x| = mant * 2**(e - 53), mant < 2**53
+    neg = f < 0
+    q = e.astype(np.int64) - 53  # the exponent of mant's bit 0
+    live = mant != 0
+    qmin = int(q[live].min()) if live.any() else 0
+    qmax = int(q[live].max()) if live.any() else 0
+    q = np.where(live, q, qmin)  # zeros add nothing: keep their (meaningless) exponent inside the range
+    base = (qmin // _LIMB - 2) * _LIMB  # limb 0's bit 0; limbs 0 and 1 stay zero (room for the window)
+    nl = (qmax + 53 - base) // _LIMB + 3  # one limb above the top term, one for the carries of k terms
+    q = q - base
+    lo, hi = mant & ((1 << 26) - 1), mant >> 26
+    col = np.broadcast_to(np.arange(m, dtype=np.int64), (k, m))
+    acc = np.zeros(nl * m)
+    for part, pos in ((lo, q), (hi, q + 26)):
+        limb, sh = np.divmod(pos, _LIMB)
+        v = part << sh  # < 2**56: fits int64
+        for piece, at in ((v & _LIMB_MASK, limb), (v >> _LIMB, limb + 1)):
+            w = np.where(neg, -piece, piece).astype(np.float64)
+            acc += np.bincount((at * m + col).ravel(), weights=w.ravel(), minlength=nl * m)
+    a = acc.reshape(nl, m).astype(np.int64)  # (limb, column)
+
+    def carry(a: np.ndarray) -> None:  # limbs 0..nl-2 into [0, 2**30), the sign into the top limb
+        for i in range(nl - 1):
+            c = a[i] >> _LIMB
+            a[i] -= c << _LIMB
+            a[i + 1] += c
+
+    carry(a)
+    negative = a[-1] < 0
+    if negative.any():
+        a[:, negative] = -a[:, negative]
+        carry(a)
+    nz = a != 0
+    anynz = nz.any(axis=0)
+    h = np.where(anynz, nl - 1 - np.argmax(nz[::-1], axis=0), 2)  # the highest nonzero limb (>= 2)
+    cols = np.arange(m)
+    top, mid, low = a[h, cols], a[h - 1, cols], a[h - 2, cols]
+    b = np.maximum(np.frexp(top.astype(np.float64))[1], 1).astype(np.int64)  # bit length of top, 1..30 (exact)
+    sh = _LIMB - b  # 0..29: top << sh has exactly 30 bits
+    drop = 28 - sh  # bits of `low` below the 62-bit window (-1..28)
+    lowpart = np.where(drop >= 0, low >> np.maximum(drop, 0), low << 1)
+    window = (top << (32 + sh)) + (mid << (2 + sh)) + lowpart  # 62 bits, leading bit at 61
+    below = np.where(drop > 0, low & ((np.int64(1) << np.maximum(drop, 0)) - 1), 0) != 0
+    rest = (nz & (np.arange(nl)[:, None] < (h - 2)[None, :])).any(axis=0)
+    window |= (below | rest).astype(np.int64)
+    t, r9 = window >> 9, window & 0x1FF
+    if nearest64:
+        t = t + ((r9 > 0x100) | ((r9 == 0x100) & ((t & 1) == 1)))
+    else:
+        t = t | (r9 != 0)
+    expo = (_LIMB * (h - 2) + base) + (28 - sh) + 9
+    with np.errstate(over="ignore"):
+        out = np.ldexp(t.astype(np.float64), expo.astype(np.int32))
+    out = np.where(anynz, out, 0.0)
+    return np.asarray(np.where(negative, -out, out))
+
+
+def _exact(terms: list[np.ndarray], nearest64: bool = False) -> np.ndarray:
+    """RO53 of the exact sum over axis 0 of the given arrays' terms (several arrays: their union); RN64
+    with ``nearest64`` (fp64 results). The round-to-odd value is the one that one more rounding to any
+    narrower format turns into the correctly rounded result. Vectorised: :func:`_exact_sum_ro53`.
     """
     t = np.concatenate(terms) if len(terms) > 1 else terms[0]
     n = t.shape[0]
@@ -144,13 +237,9 @@ def _exact(terms: list[np.ndarray], nearest64: bool = False) -> np.ndarray:
     finite = np.isfinite(flat).all(axis=0)
     with np.errstate(invalid="ignore", over="ignore"):
         out[~finite] = flat[:, ~finite].sum(axis=0)  # IEEE: NaN or ±inf propagate
-    cols = flat[:, finite].T.tolist()
-    s = np.array([math.fsum(c) for c in cols])
-    r = np.array([math.fsum(c + [-v]) for c, v in zip(cols, s.tolist())])
+    s = _exact_sum_ro53(np.ascontiguousarray(flat[:, finite]), nearest64)
     if s.size:
         nz = s != 0
-        if not nearest64:  # fp64 results want fsum's own RN64; narrower formats round RO53 once more
-            s = np.where(nz, _round_to_odd(np.where(nz, s, 1.0), r), s)
         # an exact zero sum: +0 unless every term is -0 (IEEE 754 §6.3 for round-to-nearest)
         allneg0 = np.all((flat[:, finite] == 0) & np.signbit(flat[:, finite]), axis=0)
         s = np.where(~nz & allneg0, -0.0, s)
@@ -158,7 +247,80 @@ def _exact(terms: list[np.ndarray], nearest64: bool = False) -> np.ndarray:
     return out.reshape(t.shape[1:])
 
 
-def _reduce(terms: np.ndarray, order: str, acc: Context, block: int, exact: bool) -> np.ndarray:
+def _node_ctx(acc: Context, fm: Format | None, cache: dict[str, Context]) -> Context:
+    if fm is None:
+        return acc
+    if fm.name not in cache:
+        cache[fm.name] = Context(fm, acc.mode, overflow=acc.overflow, subnormals=acc.subnormals, rng=acc.rng)
+    return cache[fm.name]
+
+
+def _tree_sum(acc: Context, t: np.ndarray, tree: SumTree, exact: bool) -> np.ndarray:
+    """Replay ``tree`` over axis 0 of ``t``: one vectorized operation per (level, arity) of the tree."""
+    n = t.shape[0]
+    _check_tree(tree, n)
+    sched = tree.schedule()
+    total = n + builtins.sum(len(g[0]) for g in sched)
+    v = np.empty((total,) + t.shape[1:])
+    v[:n] = t
+    cache: dict[str, Context] = {}
+    mixed = tree.annotated  # children may be wider than their node: round each sum from the exact inputs
+    for ids, ch, fm, _ in sched:
+        ctx = _node_ctx(acc, fm, cache)
+        ex = exact and not mixed
+        if ch.shape[1] == 2:
+            v[ids] = ctx.add(v[ch[:, 0]], v[ch[:, 1]], exact_inputs=ex)
+        else:  # a fused multi-term node: its children added exactly, rounded once
+            v[ids] = ctx.round(_exact([v[ch.T]], ctx.native))
+    return np.asarray(v[total - 1])
+
+
+def _tree_dot(acc: Context, xf: np.ndarray, yf: np.ndarray, tree: SumTree, fused: bool,
+              exact_in: bool) -> np.ndarray:
+    """Replay ``tree`` over the products ``xf[i] * yf[i]`` (shape (k, m)); a fused node with a leaf
+    child adds that product by an FMA, and a fused multi-term node adds its leaf products exactly."""
+    k = xf.shape[0]
+    _check_tree(tree, k)
+    p = acc.mul(xf, yf, exact_inputs=exact_in)
+    if not fused and not tree.annotated:
+        return _tree_sum(acc, p, tree, True)
+    sched = tree.schedule()
+    total = k + builtins.sum(len(g[0]) for g in sched)
+    v = np.empty((total,) + xf.shape[1:])
+    v[:k] = p
+    cache: dict[str, Context] = {}
+    mixed = tree.annotated
+    for ids, ch, fm, fu in sched:
+        ctx = _node_ctx(acc, fm, cache)
+        use_fma = fused if fu is None else fu
+        ex = exact_in and not mixed
+        if ch.shape[1] == 2:
+            a, b = ch[:, 0], ch[:, 1]
+            leaf_a, leaf_b = a < k, b < k
+            f = np.where(leaf_b, b, a)  # the fused leaf: the second child when it is a leaf
+            o = np.where(leaf_b, a, b)
+            fz = (leaf_a | leaf_b) if use_fma else np.zeros(len(ids), dtype=bool)
+            if fz.any():
+                v[ids[fz]] = ctx.fma(xf[f[fz]], yf[f[fz]], v[o[fz]], exact_inputs=ex)
+            if not fz.all():
+                v[ids[~fz]] = ctx.add(v[a[~fz]], v[b[~fz]], exact_inputs=ex and not mixed)
+            continue
+        terms = []
+        for j in range(ch.shape[1]):
+            c = ch[:, j]
+            leaf = (c < k).reshape((-1,) + (1,) * (xf.ndim - 1)) & use_fma
+            ci = np.minimum(c, k - 1)
+            with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+                ph, pl = _two_prod(xf[ci], yf[ci])
+            terms.append(np.where(leaf, ph, v[c]))
+            terms.append(np.where(leaf & np.isfinite(ph), pl, 0.0))
+        v[ids] = ctx.round(_exact([np.stack(terms)], ctx.native))
+    return np.asarray(v[total - 1])
+
+
+def _reduce(terms: np.ndarray, order: str | SumTree, acc: Context, block: int, exact: bool) -> np.ndarray:
+    if isinstance(order, SumTree):
+        return _tree_sum(acc, terms, order, exact)
     if order == "sequential":
         return _seq(acc, terms, exact)
     if order == "pairwise":
@@ -196,7 +358,7 @@ def sum(
     x: Any,
     fmt: FormatLike,
     *,
-    order: str = "sequential",
+    order: str | SumTree | tuple[Any, ...] = "sequential",
     block: int | None = None,
     accumulate: FormatLike | None = None,
     rounding: RoundingLike = "rne",
@@ -214,8 +376,11 @@ def sum(
         Values; first rounded into ``fmt`` with ``rounding`` (a no-op for values already in it).
     fmt : Format or str
         Element and result format.
-    order : {"sequential", "pairwise", "blocked", "kahan", "exact"}
-        Order of accumulation (see the module docstring).
+    order : {"sequential", "pairwise", "blocked", "kahan", "exact"}, SumTree or nested tuples
+        Order of accumulation (see the module docstring): a name, or an explicit :class:`SumTree` over
+        the reduced terms (``tree.n`` must equal their number, also for an empty axis), e.g. one revealed
+        from a library with :func:`fpsim.testing.reveal_order`; nested tuples of term indices such as
+        ``((0, 1), 2)`` are turned into a :class:`SumTree`.
     block : int, optional
         Block length for ``order="blocked"`` (default 32).
     accumulate : Format or str, optional
@@ -264,6 +429,8 @@ def sum(
     # reduced axes first, flattened into one, the others into a second: shape (n, m)
     t = np.transpose(a, list(axes) + rest).reshape(-1, math.prod(rest_shape))
     t = out.round(np.ascontiguousarray(t))
+    if isinstance(order, SumTree):
+        _check_tree(order, t.shape[0])
     if t.shape[0] == 0:
         return _result(np.zeros(rest_shape), False, keep_shape)
     if order == "exact":
@@ -285,7 +452,7 @@ def dot(
     b: Any,
     fmt: FormatLike,
     *,
-    order: str = "sequential",
+    order: str | SumTree | tuple[Any, ...] = "sequential",
     block: int | None = None,
     accumulate: FormatLike | None = None,
     rounding: RoundingLike = "rne",
@@ -301,7 +468,10 @@ def dot(
     use fused multiply-adds, ``acc = fma(a[i], b[i], acc)`` rounded once per step in the accumulator
     format; otherwise (and for ``"pairwise"`` and ``"kahan"``) each product is first rounded into the
     accumulator format and the products are summed in that order. ``"exact"`` rounds the exact dot
-    product once. Other parameters as for :func:`sum`.
+    product once. A :class:`SumTree` order replays that tree over the products: with ``fused=True`` a
+    node with a leaf child adds that product by a fused multiply-add into its other child (two leaves:
+    the higher index is fused into the lower one's rounded product), as FMA accumulator lanes do.
+    Other parameters as for :func:`sum`.
 
     Examples
     --------
@@ -338,7 +508,7 @@ def matmul(
     b: Any,
     fmt: FormatLike,
     *,
-    order: str = "sequential",
+    order: str | SumTree | tuple[Any, ...] = "sequential",
     block: int | None = None,
     accumulate: FormatLike | None = None,
     rounding: RoundingLike = "rne",
@@ -381,12 +551,14 @@ def matmul(
     return _result(np.asarray(r), False, None)
 
 
-def _dot_core(xr: np.ndarray, yr: np.ndarray, order: str, blk: int, out: Context, acc: Context,
+def _dot_core(xr: np.ndarray, yr: np.ndarray, order: str | SumTree, blk: int, out: Context, acc: Context,
               fused: bool) -> np.ndarray:
     """Dot over axis 0 of operands in the element format, shapes (k, *sx) and (k, *sy), the other axes
     broadcasting; returns shape broadcast(sx, sy)."""
     k = xr.shape[0]
     shape = np.broadcast_shapes(xr.shape[1:], yr.shape[1:])
+    if isinstance(order, SumTree):
+        _check_tree(order, k)
     if k == 0:
         return np.zeros(shape)
     nd = 1 + len(shape)  # align ranks (new axes after the reduced one) so that term i broadcasts
@@ -400,6 +572,8 @@ def _dot_core(xr: np.ndarray, yr: np.ndarray, order: str, blk: int, out: Context
         return np.ascontiguousarray(np.broadcast_to(v, (k,) + shape)).reshape(k, -1)
 
     exact_in = _contains(acc.fmt, out.fmt)
+    if isinstance(order, SumTree):
+        return out.round(_tree_dot(acc, full(xr), full(yr), order, fused, exact_in)).reshape(shape)
     if order == "exact":
         xf, yf = full(xr), full(yr)
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):

@@ -8,6 +8,8 @@ needs NumPy only. Without CuPy or a CUDA device those functions raise :class:`GP
   comparison.
 * :func:`crosscheck_mma`: one ``mma.sync`` instruction per warp versus :func:`fpsim.mma.dot`;
   :func:`compare_mma` is the pure comparison, :mod:`fpsim.gpu.fragments` the register layouts and kernel source.
+* :func:`crosscheck_wgmma`: one Hopper ``wgmma.mma_async`` FP8 instruction per warpgroup (shared-memory
+  descriptors, :mod:`fpsim.gpu.wgmma`) versus the ``path="wgmma"`` presets.
 * :func:`probe`: probe vectors on the GPU, :func:`fit_parameters` (pure) infers block size, alignment bits,
   rounding and normalisation and names the matching fpsim presets.
 * ``python -m fpsim.gpu.run_all --out DIR`` runs everything and writes JSON and Markdown.
@@ -24,6 +26,7 @@ from .convert import RoundReport, compare_round, conversion_inputs, conversion_k
 from .fragments import MMAInstruction, instruction_for, mma_kernel_source
 from .mma_check import MMAReport, compare_mma, crosscheck_mma, emulate_words
 from .probing import FittedModel, Probe, ProbeOutputs, ProbeResult, fit_parameters, model_outputs, probe, probe_suite
+from .wgmma import WGMMAInstruction, crosscheck_wgmma, emulate_wgmma, wgmma_instruction, wgmma_kernel_source
 
 __all__ = [
     "DeviceInfo",
@@ -35,14 +38,17 @@ __all__ = [
     "ProbeOutputs",
     "ProbeResult",
     "RoundReport",
+    "WGMMAInstruction",
     "compare_mma",
     "compare_round",
     "conversion_inputs",
     "conversion_kernel_source",
     "crosscheck_mma",
     "crosscheck_round",
+    "crosscheck_wgmma",
     "device_info",
     "emulate_words",
+    "emulate_wgmma",
     "fit_parameters",
     "instruction_for",
     "mma_kernel_source",
@@ -50,4 +56,6 @@ __all__ = [
     "probe",
     "probe_suite",
     "require_cupy",
+    "wgmma_instruction",
+    "wgmma_kernel_source",
 ]

@@ -22,7 +22,11 @@ from typing import Any
 
 from .fragments import PATHS, instruction_for
 
-__all__ = ["main", "render_markdown", "run_all"]
+__all__ = ["WGMMA_PATHS", "main", "render_markdown", "run_all"]
+
+#: Hopper ``wgmma`` FP8 paths run after the ``mma.sync`` ones (on compute capability 9.0 only).
+WGMMA_PATHS: tuple[tuple[str, str], ...] = (("fp8_e4m3", "fp32"), ("fp8_e5m2", "fp32"), ("fp8_e4m3", "fp16"),
+                                            ("fp8_e5m2", "fp16"))
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -44,6 +48,7 @@ def run_all(device: int = 0, *, as_device: str | None = None, rows: int = 10000,
     from .convert import CONVERSIONS, crosscheck_round
     from .mma_check import crosscheck_mma
     from .probing import probe
+    from .wgmma import crosscheck_wgmma
 
     def say(msg: str) -> None:
         if log is not None:
@@ -81,6 +86,23 @@ def run_all(device: int = 0, *, as_device: str | None = None, rows: int = 10000,
                 continue
             res["errors"].append(f"mma {ins.label}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             say(res["errors"][-1])
+    for inp, out in WGMMA_PATHS:
+        label = f"wgmma {inp}->{out}"
+        if info.cc != 90:  # wgmma exists on sm_90a only
+            res["mma"].append({"path": label, "skipped": "wgmma needs compute capability 9.0 (sm_90a)"})
+            continue
+        t0 = time.perf_counter()
+        try:
+            wr = crosscheck_wgmma(name, inp, out, rows, device=device, seed=seed)
+            res["mma"].append({"path": label, **wr.to_dict(), "seconds": round(time.perf_counter() - t0, 2)})
+            say(wr.summary())
+        except Exception as e:  # noqa: BLE001  (as for mma.sync: recorded, the others still run)
+            why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            if is_compile_error(e):
+                res["mma"].append({"path": label, "skipped": f"the CUDA toolkit cannot build it: {why}"})
+            else:
+                res["errors"].append(f"{label}: {type(e).__name__}: {why}")
+            say(f"{label}: {why}")
     t0 = time.perf_counter()
     try:
         pr = probe(device, seed=seed)
@@ -107,7 +129,7 @@ def render_markdown(res: dict[str, Any]) -> str:
     for c in res["conversions"]:
         lines.append(f"| {c['format']} | {c['rounding']} | {'yes' if c['saturate'] else 'no'} | `{c['intrinsic']}` | "
                      f"{c['n']} | {c['mismatches']} |")
-    lines += ["", "## One `mma.sync` instruction vs `fpsim.mma.dot`", "",
+    lines += ["", "## One `mma.sync` (or Hopper `wgmma`) instruction vs `fpsim.mma.dot`", "",
               "| path | instruction | model | outputs | mismatches | probes off | signed-zero diffs |",
               "|---|---|---|---|---|---|---|"]
     for m in res["mma"]:

@@ -18,17 +18,26 @@ from __future__ import annotations
 from .experiments import deepseek_experiment
 from .gemm import convert_inputs, dot, matmul
 from .model import KINDS, MMAModel, as_model, exact, fma_chain, generic, pairwise, wide
-from .presets import DEVICES, INPUTS, DeviceInfo, device_info, get_model
+from .presets import DEVICES, INPUTS, DeviceInfo, Provenance, device_info, get_model, preset_provenance, preset_table, presets
 from .scaled import ScaledTensor
+from .blockscaled import BlockScaledModel, block_scaled_model, matmul_block_scaled
+from . import nvidia_mmasim  # noqa: E402,I001 - MMA-Sim provenance and the presets added from it
+from . import gaudi, trainium, xla  # noqa: E402,I001 - vendor modules register their presets on import
+from . import amd  # noqa: E402,I001 - AMD CDNA MFMA presets (also imported by gemm)
+from .features import FEATURES, probe_features  # noqa: E402,I001 - FTTN-style feature probes
 
 __all__ = [
     "DEVICES",
+    "FEATURES",
     "INPUTS",
     "KINDS",
+    "BlockScaledModel",
     "DeviceInfo",
     "MMAModel",
+    "Provenance",
     "ScaledTensor",
     "as_model",
+    "block_scaled_model",
     "convert_inputs",
     "deepseek_experiment",
     "device_info",
@@ -38,6 +47,11 @@ __all__ = [
     "generic",
     "get_model",
     "matmul",
+    "matmul_block_scaled",
     "pairwise",
+    "preset_provenance",
+    "preset_table",
+    "presets",
+    "probe_features",
     "wide",
 ]

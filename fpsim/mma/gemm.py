@@ -22,7 +22,10 @@ from .._names import parse_name
 from ..formats import Format, fp32, tf32
 from ..rounding import _as_float_array, _first_non_value
 from ..rounding import round as _fround
+from .amd import run_mfma
+from .blockscaled import BlockScaledModel, _from_matmul
 from .model import (
+    AMD_KINDS,
     NO_EXP,
     MMAModel,
     as_model,
@@ -97,6 +100,8 @@ def _pad_k(x: np.ndarray, e: np.ndarray, mult: int) -> tuple[np.ndarray, np.ndar
 def _run_terms(x: np.ndarray, y: np.ndarray, ex: np.ndarray, ey: np.ndarray, c: np.ndarray,
                model: MMAModel, has_specials: bool, lsb_top: tuple[int, int] | None) -> np.ndarray:
     """One model over all K (axis 0) of the products ``x*y`` (broadcast), addends c; returns D (float64)."""
+    if model.kind in AMD_KINDS:
+        return run_mfma(x, y, c, model)
     if model.kind != "bfma":
         with np.errstate(invalid="ignore", over="ignore"):
             prod = x.astype(np.float64) * y.astype(np.float64)
@@ -176,7 +181,7 @@ def dot(a: Any, b: Any, c: Any = None, model: MMAModel | str | None = None, *,
     if a_arr.shape[-1] != b_arr.shape[-1]:
         raise ValueError(f"a and b disagree on K: {a_arr.shape[-1]} vs {b_arr.shape[-1]}")
     av = convert_inputs(a_arr, m.input, input_rounding, "a")
-    bv = convert_inputs(b_arr, m.input, input_rounding, "b")
+    bv = convert_inputs(b_arr, m.b_format, input_rounding, "b")
     av, bv = np.broadcast_arrays(av, bv)
     shape = av.shape[:-1]
     k = av.shape[-1]
@@ -233,7 +238,7 @@ def _expand_scales(scales: Any, m_: int, n_: int, groups: int) -> tuple[np.ndarr
 
 @ieee_mode
 @returns_input_kind(dtype_option=False)
-def matmul(A: Any, B: Any, C: Any = None, *, model: MMAModel | str | None = None,
+def matmul(A: Any, B: Any, C: Any = None, *, model: MMAModel | BlockScaledModel | str | None = None,
            promote_every: int | None = None, scales: Any = None,
            input_rounding: str | None = None) -> Any:
     """``D = C + A @ B`` with every output computed as one chain of `model`'s blocks along K.
@@ -245,8 +250,10 @@ def matmul(A: Any, B: Any, C: Any = None, *, model: MMAModel | str | None = None
         Converted to ``model.input`` (see `input_rounding`, as in :func:`dot`).
     C : array_like, broadcastable to (..., M, N), optional
         Rounded (RNE) to ``model.output`` (or fp32 when promoting); default 0.
-    model : MMAModel or str, optional
-        Default ``exact`` (the exact product plus C rounded once to fp32).
+    model : MMAModel, BlockScaledModel or str, optional
+        Default ``exact`` (the exact product plus C rounded once to fp32). A
+        :class:`~fpsim.mma.BlockScaledModel` (Blackwell ``kind::f8f6f4`` / block-scaled MMA) runs
+        :func:`fpsim.mma.matmul_block_scaled`, with ``scales=(scale_a, scale_b)`` as its block scales.
     promote_every : int, optional
         Every `promote_every` products along K the matrix unit's partial sum (started from 0) is added
         into an fp32 accumulator with one RNE rounding, as DeepSeek-V3 does on H800 (N_C = 128). Must be
@@ -296,6 +303,8 @@ def matmul(A: Any, B: Any, C: Any = None, *, model: MMAModel | str | None = None
     >>> float(fpsim.matmul(A, B, 1.0)[0, 0]) == 1 + 2**-22
     True
     """
+    if isinstance(model, BlockScaledModel):  # Blackwell kind::f8f6f4 / block-scaled MMA (blockscaled.py)
+        return _from_matmul(A, B, C, model, promote_every, scales, input_rounding)
     m = as_model(model)
     if isinstance(A, ScaledTensor) or isinstance(B, ScaledTensor):
         return _matmul_scaled(A, B, C, m, promote_every, scales, input_rounding)
@@ -322,7 +331,7 @@ def matmul(A: Any, B: Any, C: Any = None, *, model: MMAModel | str | None = None
     if scales is not None and promote_every is None:
         raise ValueError("scales are applied at promotion: give promote_every too (DeepSeek-V3: 128)")
     av = convert_inputs(a_arr, m.input, input_rounding, "A")
-    bv = convert_inputs(b_arr, m.input, input_rounding, "B")
+    bv = convert_inputs(b_arr, m.b_format, input_rounding, "B")
     batch = np.broadcast_shapes(av.shape[:-2], bv.shape[:-2])
     mm, kk, nn = av.shape[-2], av.shape[-1], bv.shape[-1]
     out_shape = batch + (mm, nn)

@@ -44,8 +44,12 @@ __all__ = [
     "wide",
 ]
 
-Kind = Literal["bfma", "exact", "fma_chain", "pairwise", "wide"]
-KINDS: tuple[str, ...] = ("bfma", "exact", "fma_chain", "pairwise", "wide")
+Kind = Literal["bfma", "exact", "fma_chain", "pairwise", "wide",
+               "seq_fma", "e_fdpa", "ftz_mul_add", "tr_fdpa", "gtr_fdpa"]
+KINDS: tuple[str, ...] = ("bfma", "exact", "fma_chain", "pairwise", "wide",
+                          "seq_fma", "e_fdpa", "ftz_mul_add", "tr_fdpa", "gtr_fdpa")
+#: The AMD MFMA kinds, run by :func:`fpsim.mma.amd.run_mfma` (arithmetic described there).
+AMD_KINDS: tuple[str, ...] = ("seq_fma", "e_fdpa", "ftz_mul_add", "tr_fdpa", "gtr_fdpa")
 _ROUNDINGS = ("rz", "rne")
 _C_ENTRIES = ("inside", "late")
 _GROUPINGS = ("none", "mod4")
@@ -69,6 +73,12 @@ class MMAModel:
         ``"pairwise"`` (products rounded to `acc`, summed by a pairwise tree in `acc` with RNE, then C
         added), ``"wide"`` (products and C summed in float64 in index order, then rounded once).
         Generic kinds round their `acc` result to `output` (RNE) at the end.
+        AMD CDNA MFMA data paths (:mod:`fpsim.mma.amd`, MMA-Sim's operations): ``"seq_fma"`` (FMA chain
+        in `output`, fp32 or fp64), ``"e_fdpa"`` (CDNA1: exact sum of each block of `k` products and C, RNE
+        to fp32), ``"ftz_mul_add"`` (CDNA2: fp32 products and additions, flushed to zero, `k` = 2 or 4),
+        ``"tr_fdpa"`` / ``"gtr_fdpa"`` (CDNA3: products truncated to ``23 + neab`` bits below the block's
+        largest exponent; sum and C floored and added, floored to `mb` = F2 fraction bits, RNE to fp32;
+        ``gtr`` sums even and odd products apart).
     input : Format
         Format of the A and B entries (fp16, bf16, tf32, fp8_e4m3, fp8_e5m2 for hardware paths).
     output : Format
@@ -96,6 +106,9 @@ class MMAModel:
         Accumulator format of the generic ``fma_chain`` and ``pairwise`` kinds.
     source, confidence : str
         Where the parameters come from and how sure we are (presets fill these in).
+    input_b : Format, optional
+        Format of the B entries when it differs from A's (AMD CDNA3 ``fp8_bf8`` / ``bf8_fp8`` MFMA); None:
+        `input`. :attr:`b_format` gives the one in use.
 
     Examples
     --------
@@ -121,11 +134,17 @@ class MMAModel:
     acc: Format = fp32
     source: str = field(default="", compare=False)
     confidence: str = field(default="", compare=False)
+    input_b: Format | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "input", as_format(self.input))
         object.__setattr__(self, "output", as_format(self.output))
         object.__setattr__(self, "acc", as_format(self.acc))
+        if self.input_b is not None:
+            object.__setattr__(self, "input_b", as_format(self.input_b))
+            if self.kind not in AMD_KINDS:
+                raise ValueError(f"input_b (a B format differing from A's) applies to the AMD kinds "
+                                 f"({', '.join(AMD_KINDS)}), not {self.kind!r}")
         if self.kind not in KINDS:
             raise ValueError(f"unknown MMA model kind {self.kind!r}; valid: {', '.join(KINDS)}")
         if self.rounding not in _ROUNDINGS:
@@ -148,13 +167,18 @@ class MMAModel:
                 raise ValueError(f"BFMA output format {self.output.name} is wider than fp32")
             if not self.output.has_inf:
                 raise ValueError(f"BFMA output format {self.output.name} has no infinity")
-        else:
+        elif self.kind not in AMD_KINDS:  # the AMD kinds are checked where they are built (fpsim.mma.amd)
             if self.input.p > 26:
                 raise ValueError(f"generic models need inputs of at most 26 significant bits (products exact in "
                                  f"float64); {self.input.name} has {self.input.p}")
             if self.output.p > 25 or self.acc.p > 25:
                 raise ValueError("generic models round to formats of at most 25 significant bits "
                                  f"(output {self.output.name}, acc {self.acc.name})")
+
+    @property
+    def b_format(self) -> Format:
+        """Format of the B operand: `input_b` when set, else `input`."""
+        return self.input if self.input_b is None else self.input_b
 
     @property
     def instruction_k(self) -> int:
@@ -167,7 +191,11 @@ class MMAModel:
 
     def describe(self) -> str:
         """Multi-line summary of the parameters, their source and confidence."""
-        if self.kind != "bfma":
+        if self.kind in AMD_KINDS:
+            ins = self.input.name if self.input_b is None else f"{self.input.name} x {self.input_b.name}"
+            lines = [f"{self.name}: AMD MFMA '{self.kind}', {ins} inputs, output {self.output.name}",
+                     f"  block k={self.k}" + (f", F={23 + self.neab}, F2={self.mb}" if self.kind in ("tr_fdpa", "gtr_fdpa") else "")]
+        elif self.kind != "bfma":
             lines = [(f"{self.name}: generic '{self.kind}' model, {self.input.name} inputs, "
                      f"accumulator {self.acc.name}, output {self.output.name}")]
         else:
@@ -194,7 +222,7 @@ def generic(kind: str, output: FormatLike = "fp32", *, input: FormatLike = "fp32
     >>> (m.name, m.kind, m.acc.name, m.output.name)
     ('fma_chain->fp16', 'fma_chain', 'fp32', 'fp16')
     """
-    if kind not in KINDS or kind == "bfma":
+    if kind not in KINDS or kind == "bfma" or kind in AMD_KINDS:
         raise ValueError(f"unknown generic model {kind!r}; valid: exact, fma_chain, pairwise, wide")
     out = as_format(output)
     name = kind if out == fp32 else f"{kind}->{out.name}"

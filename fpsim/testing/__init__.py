@@ -35,12 +35,15 @@ from ..formats import Format, FormatLike, as_format, bf16, fp16, fp32
 from ..rounding import Overflow, Rounding, RoundingLike, as_overflow, as_rounding
 from ..rounding import round as _round
 from ._convert import to_float64
+from .reveal import reveal_dot_order, reveal_order
 
 __all__ = [
     "assert_matmul_matches",
     "assert_rounded",
     "assert_same_bits",
     "assert_ulp_close",
+    "reveal_dot_order",
+    "reveal_order",
     "ulp_distance",
 ]
 
