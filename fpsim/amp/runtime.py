@@ -8,6 +8,8 @@ many underflowed to zero, became subnormal or overflowed, and the amax — see :
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -70,6 +72,11 @@ class PolicyRuntime:
         self._fp8: dict[str, Any] = {}
         self._obs: dict[str, np.ndarray] = {}
         self._mma_model: Any = None
+        #: Per step: how many times each FP8 tensor's amax was recorded, and each QAT observer updated
+        #: (cleared by :meth:`begin_step`); a recomputed forward adds nothing (see :meth:`recomputing`).
+        self.amax_records: dict[str, int] = {}
+        self.observer_updates: dict[str, int] = {}
+        self._recomputing = False
 
     # ------------------------------------------------------------------ casts
     def cast(self, x: np.ndarray, fmt: Format) -> np.ndarray:
@@ -132,6 +139,8 @@ class PolicyRuntime:
         self.stats = {}
         self.hists = {}
         self.hist_zeros = {}
+        self.amax_records = {}
+        self.observer_updates = {}
 
     def end_step(self) -> None:
         """End of a training step: FP8 delayed scales take this step's amax (TE updates even on skipped steps)."""
@@ -143,7 +152,7 @@ class PolicyRuntime:
         if op in self.policy.fp32_ops:
             return x
         r = self.cast(x, self.policy.activations)
-        if self.recording and self.histograms and op != "cross_entropy":
+        if self.recording and self.histograms and op != "cross_entropy" and not self._recomputing:
             self._hist("act", r)
         return r
 
@@ -184,9 +193,40 @@ class PolicyRuntime:
         inv = ds.scale_inv
         pending = ds._pending
         q = np.asarray(ds.quantize(x, rounding=self.policy.rounding, rng=self.rng))
-        if not self.training:  # evaluation uses the scales but its amax is not recorded: training must
-            ds._pending = pending  # not depend on when or how often evaluation runs
+        if not self.training or self._recomputing:  # evaluation uses the scales but its amax is not
+            ds._pending = pending  # recorded: training must not depend on when or how often evaluation
+            # runs; a recomputed forward saw this amax already (TE's "FP8 activation recompute phase")
+        else:
+            self.amax_records[key] = self.amax_records.get(key, 0) + 1
         return q.astype(np.float32, copy=False), inv
+
+    def matmul_accumulate(self, a: np.ndarray, b: np.ndarray, site: str, kind: str,
+                          c: np.ndarray | None = None) -> np.ndarray:
+        """``c + a @ b`` inside a fused kernel (FlashAttention's tiles): the operands cast as :meth:`matmul`
+        casts activations, the result left in the FP32 accumulator (no output cast), ``c`` entering the
+        GEMM as its accumulator (a Tensor Core model adds it inside the instruction chain).
+
+        FP8 and QAT GEMMs quantize per call with their own state; they keep :meth:`matmul`'s semantics
+        (the class's method is called, not an instance attribute, so a wrapper installed on the instance,
+        such as the ledger's FLOP counter, sees one GEMM, not two).
+        """
+        pol = self.policy
+        fp8 = pol.fp8 is not None and kind in pol.fp8.kinds
+        quant = pol.quant is not None and kind in pol.quant.kinds and (self.quant_active or self._calibrating)
+        if fp8 or quant:
+            out = np.asarray(type(self).matmul(self, a, b, site, kind)[0], np.float32)
+            return out if c is None else np.asarray(c, np.float32) + out
+        ac, bc = self.cast(a, pol.activations), self.cast(b, pol.activations)
+        g = pol.gemm
+        if g in ("fast", "fast64"):
+            out = self._gemm(ac, bc).astype(np.float32, copy=False)
+            return out if c is None else np.asarray(c, np.float32) + out
+        from .. import mma  # L2: the device model adds C inside its chain
+
+        if self._mma_model is None:
+            self._mma_model = mma.get_model(pol.gemm, pol.activations, "fp32")
+        cc = None if c is None else np.asarray(c, np.float32)
+        return np.asarray(mma.matmul(ac, bc, cc, model=self._mma_model), dtype=np.float32)
 
     def matmul(self, a: np.ndarray, b: np.ndarray, site: str, kind: str,
                bias: np.ndarray | None = None) -> tuple[np.ndarray, Any]:
@@ -232,18 +272,25 @@ class PolicyRuntime:
                     self._record(f"{site}.dy", (d * scale).astype(np.float32), dq, pol.fp8.backward)
                 if self.histograms:
                     self._hist("grad_act", d)
-            da = self._gcast(self._gemm(dq, bq.T) * (dinv * binv), gf, f"{site}.dx")
-            a2 = aq.reshape(-1, aq.shape[-1])
-            dw = self._gemm(a2.T, dq.reshape(-1, dq.shape[-1])) * (ainv * dinv)
-            db = self._gcast(dw, gf, f"{site}.dw", hist="grad_w")
+            # swapaxes, not .T: inside attention (FP8Recipe kinds with "attn") the operands are batched
+            da = self._gcast(self._gemm(dq, np.swapaxes(bq, -1, -2)) * (dinv * binv), gf, f"{site}.dx")
+            if aq.ndim == 2 or dq.ndim == 2:
+                a2 = aq.reshape(-1, aq.shape[-1])
+                dw = self._gemm(a2.T, dq.reshape(-1, dq.shape[-1])) * (ainv * dinv)
+            else:
+                dw = self._gemm(np.swapaxes(aq, -1, -2), dq) * (ainv * dinv)
+            db = self._gcast(dw, gf, f"{site}.dw", hist="grad_w" if aq.ndim == 2 else None)
             dbias = self._bias_grad(d, gf, site) if has_bias else None
             return da, db, dbias
         if tag == "quant":
             _, aq, amask, wq, wmask, site, has_bias = cache
             d = self._gcast(dout, gf, f"{site}.dy", hist="grad_act")
-            da = self._gcast((d @ wq.T) * amask, gf, f"{site}.dx")
-            a2 = aq.reshape(-1, aq.shape[-1])
-            dw = self._gcast((a2.T @ d.reshape(-1, d.shape[-1])) * wmask, gf, f"{site}.dw", hist="grad_w")
+            da = self._gcast((d @ np.swapaxes(wq, -1, -2)) * amask, gf, f"{site}.dx")
+            if wq.ndim > 2:                                                   # activation x activation
+                dw = self._gcast((np.swapaxes(aq, -1, -2) @ d) * wmask, gf, f"{site}.dw")
+            else:
+                a2 = aq.reshape(-1, aq.shape[-1])
+                dw = self._gcast((a2.T @ d.reshape(-1, d.shape[-1])) * wmask, gf, f"{site}.dw", hist="grad_w")
             dbias = self._bias_grad(d, gf, site) if has_bias else None
             return da, dw, dbias
         raise ValueError(f"unknown matmul cache tag {tag!r}")
@@ -287,8 +334,11 @@ class PolicyRuntime:
         q = self.policy.quant
         assert q is not None
         a = self.cast(a, self.policy.activations)
-        if self.training or site not in self._obs:
+        if (self.training and not self._recomputing) or site not in self._obs:
+            # a recomputed forward reuses the observer values its forward pass used (no second update)
             mn, mx = self._observe(site, a)
+            if self.training:
+                self.observer_updates[site] = self.observer_updates.get(site, 0) + 1
         else:
             mn, mx = self._obs[site]
         if self._calibrating and not self.quant_active:
@@ -300,16 +350,71 @@ class PolicyRuntime:
         zp_a = np.clip(amin - np.rint(mn0 / s_a), amin, amax_).astype(_F32)
         aq, amask = fake_quantize_with_mask(a, s_a, int(zp_a), amin, amax_)
         wmin, wmax = q.weight_range
-        wabs = np.abs(b).max(axis=0)                                          # per output channel (Cout,)
-        if not q.per_channel:
-            wabs = np.full_like(wabs, wabs.max())                             # one scale for the tensor
-        s_w = np.maximum((wabs / _F32((wmax - wmin) / 2)).astype(_F32), _EPS32)
-        wq, wmask = fake_quantize_with_mask(b, s_w, np.zeros(b.shape[1], np.int64), wmin, wmax, axis=1)
+        if b.ndim > 2:
+            # attention's second operand is an activation batch (..., K, N), not a weight: one symmetric
+            # scale for the tensor (per-channel scales belong to weights)
+            b = self.cast(b, self.policy.activations)
+            s_b = max(_F32(_F32(np.abs(b).max()) / _F32((wmax - wmin) / 2)), _EPS32)
+            wq, wmask = fake_quantize_with_mask(b, s_b, 0, wmin, wmax)
+        else:
+            wabs = np.abs(b).max(axis=0)                                      # per output channel (Cout,)
+            if not q.per_channel:
+                wabs = np.full_like(wabs, wabs.max())                         # one scale for the tensor
+            s_w = np.maximum((wabs / _F32((wmax - wmin) / 2)).astype(_F32), _EPS32)
+            wq, wmask = fake_quantize_with_mask(b, s_w, np.zeros(b.shape[1], np.int64), wmin, wmax, axis=1)
         out = self._gemm(aq, wq)
         if bias is not None:
             out = out + bias
         out = self.cast(out, self.policy.activations)
         return out, ("quant", aq, amask, wq, wmask, site, bias is not None)
+
+    # ------------------------------------------------------------------ recomputation
+    def recompute_state(self) -> Any:
+        """Snapshot where a checkpointed piece of the model starts its forward pass: the stochastic
+        rounding generator's state (None without SR). See :mod:`fpsim.nn.recompute`."""
+        return None if self.rng is None else self.rng.bit_generator.state
+
+    @contextlib.contextmanager
+    def recomputing(self, state: Any) -> Iterator[None]:
+        """Around a recomputed forward: replay the SR draws from ``state`` (then put the generator back
+        where the backward pass had it, as torch's ``preserve_rng_state``), record no FP8 amax, update
+        no QAT observer and add nothing to the telemetry: the recomputation reproduces the forward's
+        bits and leaves the policy state as one forward pass leaves it."""
+        if self._recomputing:
+            raise RuntimeError("PolicyRuntime.recomputing: already inside a recomputation")
+        rng = self.rng
+        now = None if rng is None else rng.bit_generator.state
+        if rng is not None and state is not None:
+            rng.bit_generator.state = state
+        self._recomputing = True
+        try:
+            yield
+        finally:
+            self._recomputing = False
+            if rng is not None and now is not None:
+                rng.bit_generator.state = now
+
+    def saved_arrays(self, cache: Any) -> list[tuple[str, Any, Format | None]]:
+        """What a :meth:`matmul` cache holds for the backward pass, for the memory ledger: a list of
+        ``(role, array, format)`` with role ``"a"`` (the activation operand), ``"b"`` (the second
+        operand: a weight copy, or an activation inside attention), ``"scale"`` (FP8 inverse scales),
+        ``"mask_a"`` / ``"mask_b"`` (QAT straight-through masks, bool) and the format the values are in
+        (None: the carrier's, e.g. bool)."""
+        pol = self.policy
+        tag = cache[0]
+        if tag == "std":
+            _, ac, bc, site, _ = cache
+            return [("a", ac, pol.activations), ("b", bc, None)]
+        if tag == "fp8":
+            _, aq, bq, ainv, binv, site, _ = cache
+            assert pol.fp8 is not None
+            f8 = pol.fp8.forward
+            return [("a", aq, f8), ("b", bq, f8), ("scale", ainv, _FP32), ("scale", binv, _FP32)]
+        if tag == "quant":
+            _, aq, amask, wq, wmask, site, _ = cache
+            return [("a", aq, pol.activations), ("mask_a", amask, None), ("b", wq, pol.params),
+                    ("mask_b", wmask, None)]
+        raise ValueError(f"unknown matmul cache tag {tag!r}")
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, np.ndarray]:
@@ -325,6 +430,8 @@ class PolicyRuntime:
             import json
 
             out["rng"] = np.asarray(json.dumps(self.rng.bit_generator.state))
+        for k, v in getattr(self, "kahan", {}).items():  # compensation buffers of update="kahan" (amp.bf16)
+            out[f"kahan.{k}"] = v.copy()
         return out
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
@@ -338,6 +445,8 @@ class PolicyRuntime:
                 ds.amax_history = np.asarray(state[f"fp8.{key}.hist"], _F32).copy()
             elif k.startswith("obs."):
                 self._obs[k[4:]] = np.asarray(v, _F32).copy()
+            elif k.startswith("kahan."):
+                self.__dict__.setdefault("kahan", {})[k[6:]] = np.asarray(v, _F32).copy()
         if "rng" in state and self.rng is not None:
             import json
 

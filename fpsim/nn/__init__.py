@@ -7,6 +7,15 @@ Precision decisions are delegated to a :class:`Precision` object (see :mod:`fpsi
 from __future__ import annotations
 
 from .attention import attention_backward, attention_forward
+from .flash import (
+    KernelPrecision,
+    flash_attention,
+    flash_attention_backward,
+    flash_attention_forward,
+    flash_attention_grads,
+    fp8_attention,
+    reference_attention,
+)
 from .gpt import GPTConfig, activation_elements, count_params, gpt_backward, gpt_forward, init_params
 from .layers import (
     cross_entropy_backward,
@@ -31,6 +40,7 @@ __all__ = [
     "GEMM_KINDS",
     "FullPrecision",
     "GPTConfig",
+    "KernelPrecision",
     "Precision",
     "activation_elements",
     "attention_backward",
@@ -40,6 +50,11 @@ __all__ = [
     "cross_entropy_forward",
     "embedding_backward",
     "embedding_forward",
+    "flash_attention",
+    "flash_attention_backward",
+    "flash_attention_forward",
+    "flash_attention_grads",
+    "fp8_attention",
     "gelu_backward",
     "gelu_forward",
     "gpt_backward",
@@ -49,6 +64,7 @@ __all__ = [
     "layernorm_forward",
     "linear_backward",
     "linear_forward",
+    "reference_attention",
     "residual_backward",
     "residual_forward",
     "softmax_backward",

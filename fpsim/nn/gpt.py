@@ -25,6 +25,7 @@ import numpy as np
 
 from .._checks import check_bool, check_int, check_real
 from .._names import parse_name
+from . import recompute as _recompute
 from .attention import attention_backward, attention_forward
 from .layers import (
     _check_ids,
@@ -39,7 +40,7 @@ from .layers import (
     linear_backward,
     linear_forward,
 )
-from .precision import FULL, Precision
+from .precision import Precision, current_precision
 
 __all__ = ["ATTENTION_KINDS", "CHECKPOINT_MODES", "GPTConfig", "activation_elements", "count_params", "gpt_backward",
            "gpt_forward", "init_params"]
@@ -75,7 +76,8 @@ class GPTConfig:
     (FlashAttention-2's tiled forward and recomputing backward).
     ``checkpoint``: activation checkpointing: ``"none"``, ``"blocks"`` (every block recomputed in the
     backward pass), ``"selective"`` (only the attention core, Korthikanti et al.) or an int k >= 1
-    (every k-th block).
+    (every k-th block: blocks 0, k, 2k, ...). Gradients are bit-identical to ``"none"`` under every
+    policy (see :mod:`fpsim.nn.recompute`).
     """
 
     vocab_size: int = 16
@@ -194,7 +196,12 @@ def count_params(params: dict[str, np.ndarray]) -> int:
 
 
 def activation_elements(cfg: GPTConfig, T: int | None = None) -> int:
-    """Activation elements the backward pass keeps per token (per sequence position), for the ledger.
+    """An *estimate* of the activation elements the backward pass keeps per token (sequence position).
+
+    Kept as the estimate it always was; the measured figure is :func:`fpsim.train.measure_step`. On the
+    demo model under fp32 this count (x 4 bytes) is 24% below the measured peak: it leaves out
+    LayerNorm's x-hat and 1/std, GELU's tanh, the causal mask, the token ids and the loss's
+    probabilities (see docs/memory.md).
 
     Counts the tensors cached for backward: per block two LayerNorm outputs (C each), qkv (3C), attention
     scores and probabilities (2 n_head T, averaged over causal positions: n_head T), attention output (C),
@@ -214,20 +221,48 @@ def _attention_impl(cfg: GPTConfig) -> tuple[Any, Any]:
     """(forward, backward) of the configured attention; both take and return what the standard pair does."""
     if cfg.attention == "standard":
         return attention_forward, attention_backward
+    if cfg.attention == "flash":
+        from .flash import flash_attention_backward, flash_attention_forward  # the tiled pair (default tiles)
+
+        return flash_attention_forward, flash_attention_backward
     raise NotImplementedError(f"GPTConfig.attention={cfg.attention!r} is not implemented yet")
+
+
+def _checkpointed(cfg: GPTConfig, i: int) -> bool:
+    """Whether block ``i`` keeps only its input (``"blocks"``, or every k-th block: i % k == 0)."""
+    ck = cfg.checkpoint
+    if ck == "blocks":
+        return True
+    return isinstance(ck, int) and i % ck == 0
+
+
+class _BlockCheckpoint:
+    """A checkpointed block's cache: its input, the precision snapshot and what the re-run needs."""
+
+    __slots__ = ("cfg", "i", "params", "prec", "state", "x")
+
+    def __init__(self, x: np.ndarray, state: Any, params: dict[str, np.ndarray], cfg: GPTConfig, i: int,
+                 prec: Precision) -> None:
+        self.x, self.state, self.params, self.cfg, self.i, self.prec = x, state, params, cfg, i, prec
 
 
 def _block_forward(params: dict[str, np.ndarray], cfg: GPTConfig, x: np.ndarray, i: int,
                    prec: Precision) -> tuple[np.ndarray, Any]:
-    """Transformer block ``i``: x (B, T, C) -> x (B, T, C) and the block's cache (for :func:`_block_backward`)."""
+    """Transformer block ``i``: x (B, T, C) -> x (B, T, C) and the block's cache (for :func:`_block_backward`).
+
+    With ``cfg.checkpoint == "selective"`` (standard attention) the attention core keeps only q, k, v
+    and is recomputed in the backward pass; flash attention keeps no T x T tensor in the first place.
+    """
     h = f"h{i}"
     c: dict[str, Any] = {}
     attn_fwd, attn_bwd = _attention_impl(cfg)
     a, c["ln1"] = layernorm_forward(x, params[f"{h}.ln1.g"], params[f"{h}.ln1.b"], cfg.ln_eps)
     a = prec.act(a, f"{h}.ln1", "layernorm")
+    selective = cfg.checkpoint == "selective" and attn_fwd is attention_forward
+    kw: dict[str, Any] = {"recompute_core": True} if selective else {}
     a, c["attn"] = attn_fwd(
         a, params[f"{h}.attn.qkv.w"], _get(params, f"{h}.attn.qkv.b"), params[f"{h}.attn.proj.w"],
-        _get(params, f"{h}.attn.proj.b"), cfg.n_head, prec=prec, site=f"{h}.attn")
+        _get(params, f"{h}.attn.proj.b"), cfg.n_head, prec=prec, site=f"{h}.attn", **kw)
     x = prec.act(x + a, f"{h}.res1", "residual")
     m, c["ln2"] = layernorm_forward(x, params[f"{h}.ln2.g"], params[f"{h}.ln2.b"], cfg.ln_eps)
     m = prec.act(m, f"{h}.ln2", "layernorm")
@@ -241,8 +276,22 @@ def _block_forward(params: dict[str, np.ndarray], cfg: GPTConfig, x: np.ndarray,
     return x, (c, h, prec, attn_bwd)
 
 
-def _block_backward(dx: np.ndarray, cache: Any, g: dict[str, np.ndarray]) -> np.ndarray:
-    """Gradient through one block: dx (B, T, C) -> dx (B, T, C); parameter gradients written into ``g``."""
+def _block_backward(dx: np.ndarray, cache: Any, g: dict[str, np.ndarray],
+                    live: dict[str, Any] | None = None) -> np.ndarray:
+    """Gradient through one block: dx (B, T, C) -> dx (B, T, C); parameter gradients written into ``g``.
+
+    A checkpointed block (:class:`_BlockCheckpoint`) first runs its forward again from the kept input,
+    under the precision object's recomputation protocol (:mod:`fpsim.nn.recompute`), to rebuild the
+    cache it dropped; ``live`` (what the backward pass still holds, for the memory ledger) then holds
+    that transient cache in the checkpoint's place.
+    """
+    if isinstance(cache, _BlockCheckpoint):
+        ck = cache
+        with _recompute.replaying(ck.prec, ck.state, f"h{ck.i}"):
+            _, cache = _block_forward(ck.params, ck.cfg, ck.x, ck.i, ck.prec)
+        if live is not None:
+            live[f"h{ck.i}"] = (ck, cache)
+            _recompute._event(f"recompute h{ck.i}", live, ck.params)
     c, h, prec, attn_bwd = cache
     dx = prec.grad(dx, f"{h}.res2", "residual")
     dm, g[f"{h}.mlp.proj.w"], db = linear_backward(dx, c["proj"])
@@ -268,7 +317,7 @@ def _block_backward(dx: np.ndarray, cache: Any, g: dict[str, np.ndarray]) -> np.
 
 
 def gpt_forward(params: dict[str, np.ndarray], cfg: GPTConfig, idx: np.ndarray, targets: np.ndarray | None = None,
-                *, prec: Precision = FULL, ignore_index: int = -1,
+                *, prec: Precision | None = None, ignore_index: int = -1,
                 loss_normalizer: int | None = None) -> tuple[np.ndarray, np.ndarray | None, Any]:
     """Logits (B, T, V), the cross-entropy over non-ignored targets (or None), and the cache.
 
@@ -277,8 +326,10 @@ def gpt_forward(params: dict[str, np.ndarray], cfg: GPTConfig, idx: np.ndarray, 
     mean over the non-ignored targets, or their sum divided by ``loss_normalizer`` (see
     :func:`~fpsim.nn.layers.cross_entropy_forward`). Everything is checked before any work: ``TypeError``
     for wrong kinds (float ids, a params that is not a dict of float arrays), ``ValueError`` for values
-    (ids out of range, shapes, names).
+    (ids out of range, shapes, names). ``prec=None``: the innermost ``fpsim.amp.autocast``'s precision,
+    or :data:`~fpsim.nn.FULL` outside one (:func:`~fpsim.nn.precision.current_precision`).
     """
+    prec = current_precision(prec)
     if not isinstance(cfg, GPTConfig):
         raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}")
     if not isinstance(prec, Precision):
@@ -300,11 +351,17 @@ def gpt_forward(params: dict[str, np.ndarray], cfg: GPTConfig, idx: np.ndarray, 
     if loss_normalizer is not None:
         loss_normalizer = check_int(loss_normalizer, "loss_normalizer", lo=1)
     caches: dict[str, Any] = {}
+    _recompute._phase(True, "forward")
     tok, caches["wte"] = embedding_forward(idx, params["wte"])                     # (B, T, C)
     pos = params["wpe"][:T]                                                        # (T, C)
     x = prec.act(tok + pos, "emb", "embedding")                                    # (B, T, C)
     for i in range(cfg.n_layer):
-        x, caches[f"h{i}"] = _block_forward(params, cfg, x, i, prec)                 # (B, T, C)
+        if _checkpointed(cfg, i):  # keep the input and the precision snapshot; drop the block's cache
+            ck = _BlockCheckpoint(x, _recompute.snapshot(prec), params, cfg, i, prec)
+            x, _ = _block_forward(params, cfg, x, i, prec)                         # (B, T, C)
+            caches[f"h{i}"] = ck
+        else:
+            x, caches[f"h{i}"] = _block_forward(params, cfg, x, i, prec)             # (B, T, C)
     x, caches["lnf"] = layernorm_forward(x, params["lnf.g"], params["lnf.b"], cfg.ln_eps)
     x = prec.act(x, "lnf", "layernorm")
     w_out = params["wte"].T if cfg.tie_weights else params["lm_head.w"]            # (C, V)
@@ -315,6 +372,9 @@ def gpt_forward(params: dict[str, np.ndarray], cfg: GPTConfig, idx: np.ndarray, 
                                                   loss_normalizer)
         loss = prec.act(loss, "loss", "cross_entropy")
     cache = (caches, cfg, prec, T)
+    if _recompute._tracing():
+        _recompute._event("forward", dict(caches), params)
+        _recompute._phase(False, "forward")
     return logits, loss, cache
 
 
@@ -324,13 +384,24 @@ def gpt_backward(dloss: float | np.ndarray, cache: Any) -> dict[str, np.ndarray]
     if "ce" not in caches:
         raise ValueError("gpt_backward needs a forward pass that was given targets")
     g: dict[str, np.ndarray] = {}
+    # What the backward pass still holds, for the memory ledger: an entry goes once its backward ran.
+    live: dict[str, Any] | None = dict(caches) if _recompute._tracing() else None
+    _recompute._phase(True, "backward")
     dlogits = cross_entropy_backward(dloss, caches["ce"])                          # (B, T, V)
     dlogits = prec.grad(dlogits, "logits", "cross_entropy")
     dx, dw_out, _ = linear_backward(dlogits, caches["lm_head"])                    # (B, T, C), (C, V)
     dx = prec.grad(dx, "lnf", "layernorm")
     dx, g["lnf.g"], g["lnf.b"] = layernorm_backward(dx, caches["lnf"])
+    if live is not None:
+        for k in ("ce", "lm_head", "lnf"):
+            live.pop(k, None)
+        _recompute._event("freed head", live, {})
     for i in reversed(range(cfg.n_layer)):
-        dx = _block_backward(dx, caches[f"h{i}"], g)                                 # (B, T, C)
+        dx = _block_backward(dx, caches[f"h{i}"], g, live)                           # (B, T, C)
+        if live is not None:
+            live.pop(f"h{i}")
+            _recompute._event(f"freed h{i}", live, {})
+    _recompute._phase(False, "backward")
     dx = prec.grad(dx, "emb", "embedding")
     dwte = embedding_backward(dx, caches["wte"])                                   # (V, C)
     dwpe = np.zeros((cfg.block_size, dx.shape[-1]), dtype=dx.dtype)
