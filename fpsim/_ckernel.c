@@ -370,8 +370,119 @@ static PyObject *round_bits(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* ---- fma_f32: out[i] = fmaf(a[i], b[i], c[i]), the float32 fused multiply-add rounded once (RNE).
+ * Used by fpsim/amp/fused.py (the replay of torch's fused optimizers), whose NumPy emulation (float64 sum,
+ * tie detection, round-to-odd repair) stays the reference and fallback. fmaf is correctly rounded: the
+ * hardware instruction in the "fma" clone, glibc's fmaf in the default one. Each of a, b, c holds n
+ * floats or one (broadcast). out may be one of the inputs (each element is read before it is written). */
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+#define FMA_CLONES __attribute__((target_clones("fma", "default")))
+#else
+#define FMA_CLONES
+#endif
+#if defined(__GNUC__)
+#define FMAF __builtin_fmaf
+#else
+#define FMAF fmaf
+#endif
+/* A NaN result takes the NaN the NumPy emulation gives (float64 product, then float64 sum, as in
+ * fused.py's _fma32_block, each x86 operation returning its first NaN operand, quieted): the hardware FMA
+ * picks its NaN operand by the instruction's operand order, which the compiler chooses. Spelled out,
+ * so no operand order of the compiler matters: a, else b, else inf*0's default NaN; then that, else c,
+ * else inf-inf's default NaN. */
+__attribute__((noinline)) static float fma_nan_ref(float a, float b, float c)
+{
+    double p;
+    if (a != a)
+        p = (double)a;
+    else if (b != b)
+        p = (double)b;
+    else
+        p = (double)a * (double)b;
+    if (p == p) {
+        if (c != c)
+            p = (double)c;
+        else
+            p = p + (double)c;
+    }
+    return (float)p;
+}
+#define FMA_BLK 1024
+#define DEFINE_FMA(IA, IB, IC)                                                                    \
+FMA_CLONES __attribute__((noinline)) static void fma_##IA##IB##IC(                              \
+    const float *a, const float *b, const float *c, float *out, Py_ssize_t n)                     \
+{                                                                                                 \
+    const float a0 = a[0], b0 = b[0], c0 = c[0];                                                  \
+    (void)a0; (void)b0; (void)c0;                                                                 \
+    float r[FMA_BLK]; /* a block's results, stored once fixed: out may alias an input */          \
+    for (Py_ssize_t o = 0; o < n; o += FMA_BLK) {                                                 \
+        const Py_ssize_t m = n - o < FMA_BLK ? n - o : FMA_BLK;                                   \
+        int nan = 0;                                                                              \
+        for (Py_ssize_t i = 0; i < m; i++) {                                                      \
+            r[i] = FMAF(IA ? a[o + i] : a0, IB ? b[o + i] : b0, IC ? c[o + i] : c0);    \
+            nan |= r[i] != r[i];                                                                  \
+        }                                                                                         \
+        if (nan)                                                                                  \
+            for (Py_ssize_t i = 0; i < m; i++)                                                    \
+                if (r[i] != r[i])                                                                 \
+                    r[i] = fma_nan_ref(IA ? a[o + i] : a0, IB ? b[o + i] : b0, IC ? c[o + i] : c0); \
+        memcpy(out + o, r, (size_t)m * sizeof(float));                                            \
+    }                                                                                             \
+}
+DEFINE_FMA(0, 0, 0) DEFINE_FMA(0, 0, 1) DEFINE_FMA(0, 1, 0) DEFINE_FMA(0, 1, 1)
+DEFINE_FMA(1, 0, 0) DEFINE_FMA(1, 0, 1) DEFINE_FMA(1, 1, 0) DEFINE_FMA(1, 1, 1)
+
+static PyObject *fma_f32(PyObject *self, PyObject *args)
+{
+    Py_buffer a, b, c, out;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*", &a, &b, &c, &out))
+        return NULL;
+    const char *why = NULL;
+    Py_ssize_t n = out.len / 4;
+    Py_buffer *ins[3] = {&a, &b, &c};
+    int full[3];
+    if (out.len % 4)
+        why = "out length is not a whole number of float32 words";
+    for (int k = 0; k < 3 && !why; k++) {
+        full[k] = ins[k]->len == out.len;
+        if (!full[k] && ins[k]->len != 4)
+            why = "a, b and c must each hold as many float32 values as out, or one";
+    }
+    if (!why && ((uintptr_t)a.buf | (uintptr_t)b.buf | (uintptr_t)c.buf | (uintptr_t)out.buf) % 4)
+        why = "buffers must be aligned to 4 bytes";
+    if (!why && n == 0)
+        goto done;
+    if (why) {
+        PyBuffer_Release(&a); PyBuffer_Release(&b); PyBuffer_Release(&c); PyBuffer_Release(&out);
+        PyErr_Format(PyExc_ValueError, "fma_f32: %s", why);
+        return NULL;
+    }
+    {
+        const float *pa = a.buf, *pb = b.buf, *pc = c.buf;
+        float *po = out.buf;
+        int code = full[0] * 4 + full[1] * 2 + full[2];
+        Py_BEGIN_ALLOW_THREADS
+        switch (code) {
+        case 0: fma_000(pa, pb, pc, po, n); break;
+        case 1: fma_001(pa, pb, pc, po, n); break;
+        case 2: fma_010(pa, pb, pc, po, n); break;
+        case 3: fma_011(pa, pb, pc, po, n); break;
+        case 4: fma_100(pa, pb, pc, po, n); break;
+        case 5: fma_101(pa, pb, pc, po, n); break;
+        case 6: fma_110(pa, pb, pc, po, n); break;
+        default: fma_111(pa, pb, pc, po, n); break;
+        }
+        Py_END_ALLOW_THREADS
+    }
+done:
+    PyBuffer_Release(&a); PyBuffer_Release(&b); PyBuffer_Release(&c); PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"round_bits", round_bits, METH_VARARGS, "Round carrier bit patterns in place into out (see rounding.py)."},
+    {"fma_f32", fma_f32, METH_VARARGS, "out = fmaf(a, b, c) over float32 buffers, each of a, b, c of out's length "
+     "or one (see fpsim/amp/fused.py)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_ckernel", NULL, -1, methods};

@@ -59,6 +59,13 @@ __all__ = [
     "quant_range",
 ]
 
+# NF4 (QLoRA) lives in its own module (fpsim/quant_nf4.py); re-exported here under fpsim.quant.*.
+from .quant_nf4 import (NF4, NF4Absmax, NF4Tensor, dynamic_map, nf4_bits_per_parameter,  # noqa: E402
+                        nf4_dequantize, nf4_quantize)
+
+__all__ += ["NF4", "NF4Absmax", "NF4Tensor", "dynamic_map", "nf4_bits_per_parameter", "nf4_dequantize",
+            "nf4_quantize"]
+
 _F32 = np.float32
 _EPS32 = float(np.finfo(np.float32).eps)
 _CHUNK = 1 << 16

@@ -40,3 +40,18 @@ def torch_version() -> tuple[int, ...]:
 
 # torch casts float64 tensors to bfloat16, float16 and float8 through float32 (observed on 2.13.0 CPU).
 TORCH_FLOAT64_DOUBLE_ROUNDS_SEEN_ON = {(2, 13)}
+
+
+def bitsandbytes_version() -> tuple[int, ...]:
+    import bitsandbytes
+
+    return version_tuple(bitsandbytes.__version__)
+
+
+# bitsandbytes 0.50.2's CPU blockwise 8-bit quantization (csrc/cpu_ops.cpp quantize_cpu_impl, used for the
+# double-quantized NF4 absmax constants) returns lut[(uint16)fma((clamp(v)+1)*0.5, 65535, 0.5)] from a
+# 65536-bin table (bin i at 2i/65535 - 1 mapped to the count of map midpoints below it) instead of the
+# nearest map entry: for a value within about half a bin (2**-16) of a midpoint between two map entries
+# it can return the farther entry (observed on 0.50.2 CPU; older cpu_ops.cpp sources binary-search the
+# map, BinAlgo Direct2). Near 0, where map entries are closer than a bin, up to 4 entries from the nearest.
+BITSANDBYTES_CPU_LUT_QUANTIZE_SEEN_ON = {(0, 50, 2)}

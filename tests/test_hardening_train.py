@@ -116,7 +116,7 @@ def test_forward_checks_its_other_arguments(params):
     with pytest.raises(TypeError, match="loss_normalizer must be an int, got float"):
         gpt_forward(params, CFG, IDX, IDX, loss_normalizer=2.5)   # before: truncated to 2 silently
     with pytest.raises(TypeError, match="prec must implement"):
-        gpt_forward(params, CFG, IDX, IDX, prec=None)
+        gpt_forward(params, CFG, IDX, IDX, prec="bf16")   # None now means: the ambient autocast, else FULL
     with pytest.raises(TypeError, match="cfg must be a GPTConfig"):
         gpt_forward(params, {}, IDX, IDX)
     with pytest.raises(ValueError, match=r"unexpected \['extra'\]"):

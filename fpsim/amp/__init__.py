@@ -7,6 +7,11 @@
 
 from __future__ import annotations
 
+from .autocast_mode import autocast, autocast_policy
+from .bf16 import UPDATE_RULES
+from .clip import clip_grad_norm_
+from .fused import fused_adamw_step, fused_sgd_step
+from .grad_scaler import GradScaler
 from .optim import SGD, AdamW, MasterWeights, make_optimizer
 from .policy import FP32_OPS, OPS, FP8Recipe, Policy, QuantConfig, get_policy, policy_names, register_policy
 from .runtime import PolicyRuntime, log2_histogram
@@ -16,14 +21,21 @@ __all__ = [
     "FP32_OPS",
     "OPS",
     "SGD",
+    "UPDATE_RULES",
     "AdamW",
     "DynamicLossScaler",
     "FP8Recipe",
+    "GradScaler",
     "LossScaler",
     "MasterWeights",
     "Policy",
     "PolicyRuntime",
     "QuantConfig",
+    "autocast",
+    "autocast_policy",
+    "clip_grad_norm_",
+    "fused_adamw_step",
+    "fused_sgd_step",
     "get_policy",
     "log2_histogram",
     "make_optimizer",

@@ -52,33 +52,79 @@ def _callable(who: str, f: object) -> None:
 
 
 class SGD:
-    """SGD with momentum (torch semantics: ``buf = momentum*buf + g``; update ``lr*buf``), decoupled
-    weight decay optional. The momentum buffer is rounded with ``cast_state`` after every step."""
+    """SGD with momentum (torch semantics: ``buf = momentum*buf + (1-dampening)*g``; update ``lr*buf``, or
+    ``lr*(g + momentum*buf)`` with ``nesterov``), decoupled weight decay optional. The momentum buffer is
+    rounded with ``cast_state`` after every step.
+
+    ``fused=True``: :meth:`step` runs :func:`fpsim.amp.fused_sgd_step`, bit for bit as
+    ``torch.optim.SGD(fused=True)`` on CPU (weight decay then torch's: L2, added to the gradient before
+    the momentum), with ``grad_scale``/``found_inf`` as torch's GradScaler passes them; the state stays
+    in float32 (``cast_state`` is not applied) and :meth:`updates` is refused (the fused step writes the
+    weights itself).
+    """
 
     def __init__(self, lr: float = 0.01, momentum: float = 0.9, weight_decay: float = 0.0,
-                 cast_state: Cast = _identity) -> None:
-        _numbers("SGD", lr=lr, momentum=momentum, weight_decay=weight_decay)
+                 cast_state: Cast = _identity, *, dampening: float = 0.0, nesterov: bool = False,
+                 maximize: bool = False, fused: bool = False) -> None:
+        _numbers("SGD", lr=lr, momentum=momentum, weight_decay=weight_decay, dampening=dampening)
         if not lr >= 0 or not 0 <= momentum < 1 or not weight_decay >= 0:
             raise ValueError(f"SGD needs lr >= 0, 0 <= momentum < 1, weight_decay >= 0; got {lr}, {momentum}, "
                              f"{weight_decay}")
         _callable("SGD", cast_state)
+        for name, v in (("nesterov", nesterov), ("maximize", maximize), ("fused", fused)):
+            _bool("SGD", name, v)
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError(f"SGD nesterov=True needs momentum > 0 and dampening = 0; got momentum={momentum}, "
+                             f"dampening={dampening}")
         self.lr, self.momentum, self.weight_decay = float(lr), float(momentum), float(weight_decay)
+        self.dampening, self.nesterov, self.maximize, self.fused = float(dampening), bool(nesterov), \
+            bool(maximize), bool(fused)
         self.cast_state = cast_state
         self.state: dict[str, np.ndarray] = {}
         self.t = 0
 
+    def step(self, params: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray], *, lr: float | None = None,
+             grad_scale: np.ndarray | None = None, found_inf: np.ndarray | None = None,
+             copy_format: Any = None) -> dict[str, np.ndarray] | None:
+        """Update the float32 ``params`` (the master weights) in place, as ``torch.optim.SGD.step``.
+
+        See :meth:`AdamW.step` for ``grad_scale``, ``found_inf`` (fused only; ``grads`` are then unscaled in
+        place, as torch's kernel does) and ``copy_format``.
+        """
+        keys = _step_keys(params, grads, "SGD")
+        if not self.fused:
+            return _unfused_step(self, params, grads, keys, lr, grad_scale, found_inf, copy_format)
+        from .fused import fused_sgd_step
+
+        first = self.momentum != 0 and not any(k in self.state for k in keys)
+        if first:
+            for k in keys:
+                self.state[k] = np.zeros_like(params[k])
+        fused_sgd_step([params[k] for k in keys], [grads[k] for k in keys],
+                       [self.state[k] for k in keys] if self.momentum != 0 else [],
+                       weight_decay=self.weight_decay, momentum=self.momentum,
+                       lr=float(self.lr if lr is None else lr), dampening=self.dampening, nesterov=self.nesterov,
+                       maximize=self.maximize, is_first_step=first, grad_scale=grad_scale, found_inf=found_inf)
+        if not _skipped(found_inf):
+            self.t += 1
+        return _low_copy(params, copy_format)
+
     def updates(self, weights: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray],
                 lr: float | None = None) -> dict[str, np.ndarray]:
+        _no_fused_updates(self)
         lr32 = _F32(self.lr if lr is None else lr)
         mom = _F32(self.momentum)
+        keep = _F32(1.0 - self.dampening)
         out = {}
         for k, g in grads.items():
             g = g.astype(_F32, copy=False)
+            if self.maximize:
+                g = -g
             buf = self.state.get(k)
-            buf = g.copy() if buf is None else mom * buf + g
+            buf = g.copy() if buf is None else mom * buf + (g if keep == 1 else keep * g)
             buf = self.cast_state(buf)
             self.state[k] = buf
-            u = lr32 * buf
+            u = lr32 * (g + mom * buf if self.nesterov else buf)
             if self.weight_decay:
                 u = u + lr32 * _F32(self.weight_decay) * weights[k]
             out[k] = u
@@ -97,10 +143,26 @@ class SGD:
 
 class AdamW:
     """AdamW (torch semantics, float32 arithmetic): ``m = b1 m + (1-b1) g``, ``v = b2 v + (1-b2) g^2``,
-    update ``lr * (m_hat / (sqrt(v_hat) + eps) + wd * w)``. Moments rounded with ``cast_state``."""
+    update ``lr * (m_hat / (sqrt(v_hat) + eps) + wd * w)``. Moments rounded with ``cast_state``.
+
+    ``amsgrad`` keeps the running maximum of ``v`` and divides by it; ``maximize`` ascends. ``fused=True``:
+    :meth:`step` runs :func:`fpsim.amp.fused_adamw_step`, bit for bit as ``torch.optim.AdamW(fused=True)``
+    on CPU, with ``grad_scale``/``found_inf`` as torch's GradScaler passes them; the moments stay in float32
+    (``cast_state`` is not applied) and :meth:`updates` is refused (the fused step writes the weights
+    itself). The unfused and the fused step round at different points (see ``docs/optimizers.md``).
+
+    >>> import numpy as np
+    >>> opt = AdamW(lr=0.1, fused=True)
+    >>> w = {"w": np.float32([1.0, -1.0])}
+    >>> opt.step(w, {"w": np.float32([0.5, -0.5])}, copy_format="bf16")["w"].tolist()
+    [0.8984375, -0.8984375]
+    >>> w["w"].tolist()                                   # the FP32 master, updated in place
+    [0.9000000357627869, -0.9000000357627869]
+    """
 
     def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, cast_state: Cast = _identity) -> None:
+                 weight_decay: float = 0.0, cast_state: Cast = _identity, *, amsgrad: bool = False,
+                 maximize: bool = False, fused: bool = False) -> None:
         if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
             raise TypeError(f"AdamW betas must be a pair (b1, b2), got {betas!r}")
         b1, b2 = betas
@@ -111,12 +173,49 @@ class AdamW:
                              f"betas={betas}, eps={eps}, weight_decay={weight_decay}")
         self.lr, self.b1, self.b2, self.eps, self.weight_decay = float(lr), float(b1), float(b2), float(eps), \
             float(weight_decay)
+        for name, v in (("amsgrad", amsgrad), ("maximize", maximize), ("fused", fused)):
+            _bool("AdamW", name, v)
+        self.amsgrad, self.maximize, self.fused = bool(amsgrad), bool(maximize), bool(fused)
         self.cast_state = cast_state
         self.state: dict[str, np.ndarray] = {}
         self.t = 0
 
+    def step(self, params: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray], *, lr: float | None = None,
+             grad_scale: np.ndarray | None = None, found_inf: np.ndarray | None = None,
+             copy_format: Any = None) -> dict[str, np.ndarray] | None:
+        """Update the float32 ``params`` (the master weights) in place, as ``torch.optim.AdamW.step``.
+
+        ``grad_scale`` / ``found_inf`` (one-element float32 arrays, fused only, as torch's GradScaler hands
+        them to a fused optimizer): the kernel divides the gradients by ``grad_scale`` (in place, as torch
+        does) and skips the whole step when ``found_inf`` is 1 (the step count is then not advanced).
+        ``copy_format`` (a format or name): also return the low-precision copy of every weight, rounded
+        once (RNE) from the new master, as apex's O2 keeps it; None returns None.
+        """
+        keys = _step_keys(params, grads, "AdamW")
+        if not self.fused:
+            return _unfused_step(self, params, grads, keys, lr, grad_scale, found_inf, copy_format)
+        from .fused import fused_adamw_step
+
+        for k in keys:
+            if f"m.{k}" not in self.state:
+                self.state[f"m.{k}"] = np.zeros_like(params[k])
+                self.state[f"v.{k}"] = np.zeros_like(params[k])
+                if self.amsgrad:
+                    self.state[f"vmax.{k}"] = np.zeros_like(params[k])
+        steps = [np.array([self.t + 1], dtype=_F32) for _ in keys]  # torch: _foreach_add_(state_steps, 1) first
+        fused_adamw_step([params[k] for k in keys], [grads[k] for k in keys], [self.state[f"m.{k}"] for k in keys],
+                         [self.state[f"v.{k}"] for k in keys],
+                         [self.state[f"vmax.{k}"] for k in keys] if self.amsgrad else [], steps,
+                         lr=float(self.lr if lr is None else lr), beta1=self.b1, beta2=self.b2,
+                         weight_decay=self.weight_decay, eps=self.eps, amsgrad=self.amsgrad, maximize=self.maximize,
+                         grad_scale=grad_scale, found_inf=found_inf)
+        if not _skipped(found_inf):   # torch: _foreach_sub_(state_steps, found_inf) afterwards
+            self.t += 1
+        return _low_copy(params, copy_format)
+
     def updates(self, weights: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray],
                 lr: float | None = None) -> dict[str, np.ndarray]:
+        _no_fused_updates(self)
         self.t += 1
         lr32 = _F32(self.lr if lr is None else lr)
         b1, b2 = _F32(self.b1), _F32(self.b2)
@@ -126,12 +225,18 @@ class AdamW:
         out = {}
         for k, g in grads.items():
             g = g.astype(_F32, copy=False)
+            if self.maximize:
+                g = -g
             m = self.state.get(f"m.{k}")
             v = self.state.get(f"v.{k}")
             m = (_F32(1) - b1) * g if m is None else b1 * m + (_F32(1) - b1) * g
             v = (_F32(1) - b2) * g * g if v is None else b2 * v + (_F32(1) - b2) * g * g
             m, v = self.cast_state(m), self.cast_state(v)
             self.state[f"m.{k}"], self.state[f"v.{k}"] = m, v
+            if self.amsgrad:
+                vmax = self.state.get(f"vmax.{k}")
+                v = v if vmax is None else np.maximum(vmax, v)
+                self.state[f"vmax.{k}"] = v
             u = lr32 * ((m / bc1) / (np.sqrt(v / bc2) + eps))
             if self.weight_decay:
                 u = u + lr32 * _F32(self.weight_decay) * weights[k]
@@ -146,6 +251,54 @@ class AdamW:
     def load_state_dict(self, d: Mapping[str, np.ndarray]) -> None:
         self.state = {k: np.asarray(v, _F32).copy() for k, v in d.items() if k != "t"}
         self.t = int(d["t"])
+
+
+def _bool(who: str, name: str, v: object) -> None:
+    if not isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{who} {name} must be a bool, got {type(v).__name__}: {v!r}")
+
+
+def _no_fused_updates(opt: SGD | AdamW) -> None:
+    if opt.fused:
+        raise TypeError(f"{type(opt).__name__}(fused=True) writes the weights itself: call step(params, grads, "
+                        "...) instead of updates()")
+
+
+def _skipped(found_inf: np.ndarray | None) -> bool:
+    return found_inf is not None and float(np.asarray(found_inf).reshape(())) == 1.0
+
+
+def _step_keys(params: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray], who: str) -> list[str]:
+    if not isinstance(params, Mapping) or not isinstance(grads, Mapping):
+        raise TypeError(f"{who}.step needs params and grads as mappings of name -> float32 array")
+    keys = [k for k in params if k in grads]
+    extra = sorted(set(grads) - set(params))
+    if extra:
+        raise ValueError(f"{who}.step: gradients for unknown parameters {extra}")
+    return keys
+
+
+def _unfused_step(opt: SGD | AdamW, params: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray],
+                  keys: list[str], lr: float | None, grad_scale: Any, found_inf: Any,
+                  copy_format: Any) -> dict[str, np.ndarray] | None:
+    if grad_scale is not None or found_inf is not None:
+        raise ValueError(f"{type(opt).__name__}.step: grad_scale and found_inf need fused=True (as torch, whose "
+                         "GradScaler unscales the gradients itself for an unfused optimizer)")
+    for k in keys:
+        if not isinstance(params[k], np.ndarray) or params[k].dtype != _F32 or not params[k].flags.writeable:
+            raise TypeError(f"{type(opt).__name__}.step: params[{k!r}] must be a writeable float32 array")
+    ups = opt.updates(params, {k: grads[k] for k in keys}, lr=lr)
+    for k, u in ups.items():
+        params[k][...] = params[k] - u
+    return _low_copy(params, copy_format)
+
+
+def _low_copy(params: Mapping[str, np.ndarray], fmt: Any) -> dict[str, np.ndarray] | None:
+    if fmt is None:
+        return None
+    from ..rounding import round as fround
+
+    return {k: np.asarray(fround(v, fmt)) for k, v in params.items()}
 
 
 def make_optimizer(name: str, policy: Policy, runtime: Any, **kwargs: Any) -> SGD | AdamW:
@@ -193,6 +346,10 @@ class MasterWeights:
         """``w <- round(w - update)`` in the storage format; returns per tensor the fraction of nonzero
         updates that left the weight unchanged (NaN where no update was nonzero). The totals over all
         tensors are left in ``last_lost`` and ``last_nonzero``."""
+        if self.policy.update is not None:  # pure-BF16 update rules (RNE / SR / Kahan), fpsim.amp.bf16
+            from .bf16 import apply_update
+
+            return apply_update(self, updates)
         lost: dict[str, float] = {}
         self.last_lost = self.last_nonzero = 0
         for k, u in updates.items():

@@ -258,6 +258,12 @@ class Policy:
     quant : QuantConfig or None
     rounding : str
         Rounding mode of every cast (``"rne"``; ``"sr"`` draws from the runtime's seeded generator).
+    update : None or str
+        How the optimizer's update is rounded into weights kept without a master copy (``master=None``):
+        None (the default: ``round(w - u)`` as any cast), or ``"rne"``, ``"sr"`` (stochastic rounding of
+        the update only, the casts keep ``rounding``) or ``"kahan"`` (a compensation buffer in the params
+        format, Zamirai et al., arXiv 2010.06192), each computed by :mod:`fpsim.amp.bf16`, which also
+        counts the update mass applied.
     description : str
         One line for reports.
     """
@@ -276,6 +282,7 @@ class Policy:
     quant: QuantConfig | None = None
     rounding: str = "rne"
     description: str = ""
+    update: str | None = None
 
     def __post_init__(self) -> None:
         # Every field is checked (and every name parsed by the one rule) here, so a policy that
@@ -317,6 +324,13 @@ class Policy:
                 raise ValueError(f"Policy.fp8 and Policy.quant both claim GEMM kinds {both}; give each kind to one")
         r = as_rounding(self.rounding)
         object.__setattr__(self, "rounding", r.value)
+        if self.update is not None:
+            from .bf16 import UPDATE_RULES
+
+            object.__setattr__(self, "update", parse_name(self.update, UPDATE_RULES, "Policy.update"))
+            if self.master is not None:
+                raise ValueError(f"Policy.update={self.update!r} is a rule for weights kept without a master copy; "
+                                 f"set master=None (got master={self.master.name})")
 
     # ------------------------------------------------------------------ derived
     @property
@@ -326,7 +340,8 @@ class Policy:
 
     @property
     def stochastic(self) -> bool:
-        return self.rounding == Rounding.SR.value
+        """Whether the runtime needs a seeded generator (SR casts, or SR weight updates)."""
+        return self.rounding == Rounding.SR.value or self.update == "sr"
 
     def make_scaler(self) -> LossScaler:
         """A fresh loss scaler for this policy (``LossScaler(1)`` when there is no loss scaling)."""
@@ -374,14 +389,20 @@ class Policy:
                 "per_channel": self.quant.per_channel},
             "rounding": self.rounding,
             "description": self.description,
+            **({} if self.update is None else {"update": self.update}),  # absent: fingerprints stay as they were
         }
 
     def memory_ledger(self, optimizer: str = "adamw") -> dict[str, float]:
-        """Bytes per parameter: weights (the low-precision copy), gradients, master, optimizer state."""
+        """Bytes per parameter: weights (the low-precision copy), gradients, master, optimizer state.
+
+        The compensation buffer of ``update="kahan"`` (one params-format value per weight) is counted as
+        ``master``: it is what the policy keeps instead of a master copy."""
         nstate = {"adamw": 2, "sgd": 1}[parse_name(optimizer, ("adamw", "sgd"), "optimizer")]
         w = self.params.width / 8
         g = self.gradients.width / 8
         m = 0.0 if self.master is None or self.master == self.params else self.master.width / 8
+        if self.update == "kahan":
+            m = self.params.width / 8
         s = nstate * self.optimizer_state.width / 8
         return {"weights": w, "grads": g, "master": m, "optimizer_state": s, "total": w + g + m + s}
 
@@ -451,6 +472,25 @@ def _builtin() -> None:
         register_policy(Policy(f"int{bits}-ptq", quant=QuantConfig(bits=bits, mode="ptq"),
                                description=f"FP32 training, then int{bits} quantization of the trained "
                                            "linear layers after calibration"))
+    # apex's opt levels (apex.amp.initialize): O0 pure FP32; O1 autocast's op lists (CUDA), FP32 weights, dynamic
+    # loss scale; O2 FP16 model with FP32 master weights and FP32 norms (keep_batchnorm_fp32), FP32 loss
+    # (apex casts the model output to FP32), dynamic loss scale; O3 pure FP16 (no master, FP16 optimizer state,
+    # apex's default static loss scale 1).
+    register_policy(Policy("O0", loss_scale=1.0, description="apex O0: everything in FP32"))
+    register_policy(Policy("O1", **mixed16, loss_scale="dynamic",
+                           description="apex O1 / torch autocast(fp16): GEMMs in FP16 by autocast's op lists, "
+                                       "FP32 weights, dynamic loss scaling"))
+    register_policy(Policy("O2", **mixed16, fp32_ops=frozenset({"layernorm", "cross_entropy"}),
+                           loss_scale="dynamic",
+                           description="apex O2: FP16 model (residual stream and softmax in FP16) with FP32 master "
+                                       "weights, FP32 layer norms and loss, dynamic loss scaling"))
+    register_policy(Policy("O3", params=f16, activations=f16, gradients=f16, master=None, optimizer_state=f16,
+                           fp32_ops=frozenset(), loss_scale=1.0,
+                           description="apex O3: pure FP16 (weights, activations, norms, loss and optimizer "
+                                       "state), no master copy, loss scale 1"))
+    from .bf16 import register_pure_bf16
+
+    register_pure_bf16()
 
 
 _builtin()

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_int
-from .precision import FULL, Precision
+from .precision import Precision, current_precision
 
 __all__ = [
     "cross_entropy_backward",
@@ -95,9 +95,11 @@ def embedding_backward(dout: np.ndarray, cache: Cache) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------- linear
 
-def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, *, prec: Precision = FULL,
+def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, *, prec: Precision | None = None,
                    site: str = "linear", kind: str = "linear") -> tuple[np.ndarray, Cache]:
-    """``x @ w + b``. x (..., Cin), w (Cin, Cout), b (Cout,) -> out (..., Cout)."""
+    """``x @ w + b``. x (..., Cin), w (Cin, Cout), b (Cout,) -> out (..., Cout). ``prec=None``: the
+    innermost ``fpsim.amp.autocast``'s precision, else :data:`~fpsim.nn.FULL`."""
+    prec = current_precision(prec)
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])                                 # (N, Cin)
     out, mcache = prec.matmul(x2, w, site, kind, bias=b)          # (N, Cout)

@@ -9,11 +9,12 @@ checks use (in float64).
 
 from __future__ import annotations
 
+import contextvars
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["FULL", "GEMM_KINDS", "FullPrecision", "Precision"]
+__all__ = ["FULL", "GEMM_KINDS", "FullPrecision", "Precision", "current_precision"]
 
 #: The roles a GEMM can play; a policy may treat them differently (e.g. FP8 only for ``"linear"``).
 #: ``linear``: activations @ weight; ``attn``: activations @ activations inside attention;
@@ -88,3 +89,21 @@ def _matmul_grads(dout: np.ndarray, a: np.ndarray, b: np.ndarray,
 
 #: The shared no-rounding instance.
 FULL = FullPrecision()
+
+
+#: The precision forward calls use when given none (``prec=None``); set by ``fpsim.amp.autocast`` (L4) so
+#: that this layer never imports a policy. A context variable: per thread and per asyncio task, nestable.
+_AMBIENT: contextvars.ContextVar[Precision | None] = contextvars.ContextVar("fpsim_ambient_precision",
+                                                                            default=None)
+
+
+def current_precision(prec: Precision | None = None) -> Precision:
+    """``prec`` if given, else the innermost ``fpsim.amp.autocast``'s precision, else :data:`FULL`.
+
+    >>> current_precision() is FULL
+    True
+    """
+    if prec is not None:
+        return prec
+    amb = _AMBIENT.get()
+    return FULL if amb is None else amb

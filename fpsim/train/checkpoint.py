@@ -492,6 +492,12 @@ def _load(f: IO[bytes], path: str, policy: Any, config: Any, task: Any, get_poli
         a = ar.read(f"rt/{k}", _spec("f", (2,), np.float32))
         _need(bool(np.isfinite(a).all()), f"observer {k[4:]!r} holds inf or NaN")
         rstate[k] = a
+    for k in sorted(x for x in rt_keys if x.startswith("kahan.")):  # pure-BF16 Kahan compensation (amp.bf16)
+        _need(pol.update == "kahan" and k[6:] in shapes, f"Kahan compensation {k!r} for a policy or weight without one")
+        a = ar.read(f"rt/{k}", _spec("f", shapes[k[6:]], np.float32))
+        _need(bool(np.isfinite(a).all()) and _representable(a, pol.params),
+              f"Kahan compensation {k!r} holds values that are not finite {pol.params.name} values")
+        rstate[k] = a
     unknown = rt_keys - set(rstate)
     _need(not unknown, f"unknown runtime entries {sorted(unknown)}")
     unknown = set(ar.members) - {"meta"} - {f"w/{k}" for k in shapes} - {f"opt/{k}" for k in want} \

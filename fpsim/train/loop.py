@@ -60,6 +60,15 @@ class TrainConfig:
     gradient multiplied back by ``micro_batches`` (the sum over the global batch, estimated from this
     micro-batch). With a power of two this round trip is exact in FP32, so an FP32 run is bit-identical
     to one with ``micro_batches=1``.
+
+    ``fused``: the optimizer takes torch's fused step (:func:`fpsim.amp.fused_adamw_step` /
+    :func:`fpsim.amp.fused_sgd_step`, ``torch.optim.AdamW(fused=True)`` on CPU): the scaled gradients
+    (multiplied by ``micro_batches`` first, as an all-reduce sums them before the optimizer) go to the
+    kernel with ``grad_scale`` (the loss scale, when the policy scales the loss) and ``found_inf`` (1.0 if any
+    is inf/NaN), as torch's GradScaler hands them to a fused optimizer; the kernel divides by the scale and
+    updates the FP32 master weights in one pass (the low-precision copy is rounded from the new master at
+    its next use). Needs a policy with FP32 master weights and FP32 optimizer state; the per-step
+    ``lost_update_fraction`` is then not measured (NaN).
     """
 
     task: str = "reverse"
@@ -81,6 +90,7 @@ class TrainConfig:
     telemetry_every: int = 1
     histogram_every: int = 0
     micro_batches: int = 1
+    fused: bool = False
 
     def __post_init__(self) -> None:
         # Stored as plain Python numbers and canonical names: the config travels as JSON in checkpoints
@@ -109,6 +119,9 @@ class TrainConfig:
                            for i, x in enumerate(b)))
         put("eps", check_real(self.eps, "TrainConfig.eps", lo=0.0))
         put("momentum", check_real(self.momentum, "TrainConfig.momentum", lo=0.0, hi=1.0, hi_open=True))
+        if not isinstance(self.fused, (bool, np.bool_)):
+            raise TypeError(f"TrainConfig.fused must be a bool, got {type(self.fused).__name__}: {self.fused!r}")
+        put("fused", bool(self.fused))
 
     def model_for(self, task: Task) -> GPTConfig:
         """The model this config trains on ``task``: ``model``, or when it is None one sized for the task
@@ -324,6 +337,12 @@ class Trainer:
             kw.update(betas=config.betas, eps=config.eps)
         else:
             kw.update(momentum=config.momentum)
+        if config.fused:
+            from ..amp.fused import _trainer_check
+
+            _trainer_check(self.policy)
+            kw["fused"] = True  # the kernel updates the master in place: the store must own its arrays
+            self.store.weights = {k: np.array(v, np.float32, order="C") for k, v in self.store.weights.items()}
         self.optimizer = make_optimizer(config.optimizer, self.policy, self.runtime, **kw)
         self.scaler = self.policy.make_scaler()
         self.history = History()
@@ -357,6 +376,7 @@ class Trainer:
         scale = self.scaler.scale
         n_tok = max(int(np.count_nonzero(y != -1)), 1)
         norm = n_tok * cfg.micro_batches if cfg.micro_batches > 1 else None
+        gscale: Any = None  # the fused kernel's grad_scale
         # Overflow to inf (and inf - inf = NaN) is an expected event under loss scaling: the step is
         # skipped below, so NumPy's warnings are silenced here.
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
@@ -364,16 +384,32 @@ class Trainer:
             grads = gpt_backward(np.float32(scale), cache)
             if pol.master is None:  # the .grad of a low-precision leaf is low precision too
                 grads = {k: rt.cast(g, pol.gradients) for k, g in grads.items()}
-            grads, found_inf = self.scaler.unscale(grads)
+            if cfg.fused:
+                from ..amp.fused import _trainer_grads
+
+                grads, found_inf, gscale = _trainer_grads(grads, cfg.micro_batches, pol, scale)
+            else:
+                grads, found_inf = self.scaler.unscale(grads)
         loss = float(np.asarray(loss_arr)) * cfg.micro_batches  # report the mean over this batch's tokens
-        if cfg.micro_batches > 1:  # the all-reduced (summed) gradient: micro_batches such micro-batches
+        # the all-reduced (summed) gradient: micro_batches such micro-batches (fused: already in the kernel's)
+        if cfg.micro_batches > 1 and not cfg.fused:
             mb = np.float32(cfg.micro_batches)
             with np.errstate(over="ignore", invalid="ignore"):
                 grads = {k: g * mb for k, g in grads.items()}
+        return self._finish_step(s, grads, found_inf, loss, scale, rec, hist, gscale=gscale)
+
+    def _finish_step(self, s: int, grads: dict[str, np.ndarray], found_inf: bool, loss: float, scale: float,
+                     rec: bool, hist: bool, *, gscale: Any = None) -> dict[str, Any]:
+        """The end of every step (this Trainer's and the data-parallel one's): the optimizer update unless
+        the step overflowed, the scaler's update, telemetry, the step count."""
+        cfg, rt = self.config, self.runtime
         lr = lr_at(cfg, s)
         lost_frac = float("nan")
         lost: dict[str, float] = {}
-        if not found_inf:
+        if cfg.fused:  # one pass: unscale, skip on found_inf, update the master (see TrainConfig.fused)
+            self.optimizer.step(self.store.weights, grads, lr=lr, grad_scale=gscale,
+                                found_inf=np.full(1, 1.0 if found_inf else 0.0, np.float32))
+        elif not found_inf:
             ups = self.optimizer.updates(self.store.weights, grads, lr=lr)
             lost = self.store.apply(ups)
             nz = self.store.last_nonzero
