@@ -34,9 +34,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     steps = None if args.steps is None else flag_value("--steps", pos_int, args.steps)
     seed = flag_value("--seed", nonneg_int, args.seed)
     policies = None if args.policies is None else flag_value("--policies", _policies, args.policies)
+    seeds = flag_value("--seeds", pos_int, args.seeds)
+    workers = None if args.workers is None else flag_value("--workers", nonneg_int, args.workers)
+    scheduler = None
+    if args.scheduler is not None:
+        from .._dask import check_scheduler_address
+
+        scheduler = flag_value("--scheduler", check_scheduler_address, args.scheduler)
+        if workers is not None:
+            raise ValueError("--workers: cannot be combined with --scheduler (the scheduler's workers run the cells)")
     out = flag_value("--out", check_output_dir, args.out)
     with blas_threads(1):  # tiny GEMMs: BLAS threads only add contention
-        run_demo(out, quick=args.quick, steps=steps, policies=policies, seed=seed, progress=None)
+        run_demo(out, quick=args.quick, steps=steps, policies=policies, seed=seed, progress=None, seeds=seeds,
+                 workers=workers, scheduler=scheduler)
     return 0
 
 
@@ -56,4 +66,14 @@ def register_cli(subparsers: Any) -> None:
     s.add_argument("--policies", nargs="+", default=None, metavar="POLICY",
                    help=f"policies to run (space or comma separated); default all: {', '.join(policy_names())}")
     s.add_argument("--seed", default="0", metavar="S", help="seed for weights and data (default 0)")
+    s.add_argument("--seeds", default="1", metavar="N",
+                   help="train every policy with seeds S .. S+N-1 as a sweep on Dask and report the mean and spread "
+                        "over seeds of every lesson, and whether each is beyond seed noise (default 1: one run per "
+                        "policy, no Dask)")
+    s.add_argument("--workers", default=None, metavar="N",
+                   help="worker processes of the local Dask cluster for the sweep (default: one per CPU; 0: run the "
+                        "cells one after another in this process)")
+    s.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="run the sweep on an existing Dask scheduler (tcp://host:8786) instead of a local cluster; "
+                        "its workers need fpsim installed")
     s.set_defaults(func=cmd_demo)
