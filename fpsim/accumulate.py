@@ -410,6 +410,10 @@ def sum(
     >>> import numpy as np, fpsim
     >>> float(fpsim.sum(np.ones(10_000), "bf16"))
     256.0
+
+    With fp32 partial sums every running sum up to 10000 is exact; the one rounding, of 10000 into bf16
+    (spacing 64 in [8192, 16384)), goes to the nearer neighbour 9984 = 156 * 64, not 10048:
+
     >>> float(fpsim.sum(np.ones(10_000), "bf16", accumulate="fp32"))   # fp32 partials, one rounding
     9984.0
     >>> float(fpsim.sum(np.ones(10_000), "bf16", order="pairwise"))

@@ -3,7 +3,9 @@
 Every function takes fpsim objects (formats, arrays, training histories, Tensor Core models), draws into
 ``ax=`` when given (otherwise a new figure), and returns the matplotlib ``Axes`` (or the ``Figure`` for
 multi-panel plots). Colours come from the Okabe–Ito palette, which stays distinguishable with the common
-colour-vision deficiencies; every axis carries a label with its unit.
+colour-vision deficiencies; a built-in policy is drawn in its own (colour, line style) pair from
+``fpsim.train.report.POLICY_STYLES`` (Paul Tol's muted scheme plus dashes, shared with ``fpsim demo``'s
+plots), so it looks the same in every plot; every axis carries a label with its unit.
 
 matplotlib is imported inside the functions, so ``import fpsim`` (and ``import fpsim.plot``) never pays
 for it.
@@ -40,6 +42,7 @@ __all__ = [
     "lost_updates",
     "rounding_error",
     "rounding_modes",
+    "scaler_dynamics",
     "underflow_over_time",
 ]
 
@@ -77,6 +80,23 @@ _BAND_LABELS = {
 def colour(i: int) -> str:
     """The ``i``-th series colour of the Okabe–Ito cycle used by these plots."""
     return OKABE_ITO[_SERIES[i % len(_SERIES)]]
+
+
+def _styles(labels: Sequence[str], *, policies: bool = True) -> list[tuple[str, str]]:
+    """``(colour, linestyle)`` per series: a built-in policy keeps its own pair (``fpsim.train.report.POLICY_STYLES``,
+    shared with the demo's plots, so a policy looks the same everywhere, each pair distinct); other labels
+    (or all, with ``policies=False``) take the Okabe–Ito cycle, numbered among themselves, with a dash pattern."""
+    from .train.report import POLICY_STYLES
+
+    out, k = [], 0
+    for label in labels:
+        if policies and label in POLICY_STYLES:
+            out.append(POLICY_STYLES[label])
+        else:
+            # Colours repeat every 8 series; the dash pattern shifts then, so pairs stay distinct up to 32.
+            out.append((colour(k), _LINESTYLES[(k + k // len(_SERIES)) % len(_LINESTYLES)]))
+            k += 1
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -235,7 +255,8 @@ def gradient_histogram(
         if b <= a:
             continue
         ax.axvspan(a, b, color=_BAND_COLOURS[band], alpha=0.18, lw=0, zorder=0)
-        handles.append(Patch(color=_BAND_COLOURS[band], alpha=0.35, label=f"{f.name} {_BAND_LABELS[band]}"))
+        if a < xmax and b > xmin:  # a band entirely off-screen gets no legend entry
+            handles.append(Patch(color=_BAND_COLOURS[band], alpha=0.35, label=f"{f.name} {_BAND_LABELS[band]}"))
 
     edges = np.arange(xmin, xmax + binwidth, binwidth)
     styles = {"before": (OKABE_ITO["blue"], "-"), "after": (OKABE_ITO["black"], "--")}
@@ -275,9 +296,23 @@ def gradient_histogram(
             y0 -= 0.06
         y0 -= 0.02
     ax.set_xlim(xmin, xmax)
+    # The band edges, labelled with their values where they are on screen: the smallest subnormal (values
+    # below half of it round to 0), the smallest normal, the largest finite value.
+    edge_marks = [("min_subnormal", f.min_subnormal, "min subnormal")] if f.subnormals and subnormals else []
+    edge_marks += [("min_normal", f.min_normal, "min normal"), ("max", f.max, "max")]
+    last_x, row = -math.inf, 0
+    for key, val, what in edge_marks:
+        xe = math.log2(val)
+        if xmin <= xe <= xmax:
+            # Edges closer than 0.3 of the axis width take turns in two rows, so their labels do not overlap.
+            row = 1 - row if xe - last_x < 0.3 * (xmax - xmin) else 0
+            last_x = xe
+            ax.axvline(xe, color=OKABE_ITO["black"], lw=0.7, ls=":", zorder=1)
+            ax.text(xe, 1.005 + 0.055 * row, f"{_edge_value(val)} ({what})", transform=ax.get_xaxis_transform(),
+                    ha="center", va="bottom", fontsize=7.5, gid=f"edge:{key}")
     ax.set_xlabel("log2 |value|  (binades; 0 means 1.0)")
     ax.set_ylabel("share of values per bin (%)")
-    ax.set_title(title if title is not None else f"Values against the range of {f.name}")
+    ax.set_title(title if title is not None else f"Values against the range of {f.name}", pad=30)
     ax.legend(handles=handles, loc="upper right", fontsize=8, framealpha=0.9)
     ax.fpsim_fractions = fractions  # type: ignore[attr-defined]
     return ax
@@ -287,6 +322,12 @@ def _dark(band: str) -> str:
     # Text in the band colour is hard to read for yellow-ish bands; use black for those.
     return {"zero": OKABE_ITO["black"], "underflow": OKABE_ITO["vermillion"], "subnormal": "#8a5c00",
             "normal": "#006e50", "overflow": OKABE_ITO["reddish_purple"]}[band]
+
+
+def _edge_value(v: float) -> str:
+    """A band edge as it is usually quoted: ``2^-24`` for a power of two below 1, else the number (``65504``)."""
+    m, e = math.frexp(v)
+    return f"2^{e - 1}" if m == 0.5 and v < 1 else f"{v:g}"
 
 
 def _fmt_scale(s: float) -> str:
@@ -645,11 +686,12 @@ def loss_curves(histories: Any, *, smooth: int = 1, eval: bool = True, logy: boo
     """
     runs = _runs(histories)
     ax = _new_axes(ax)
+    styles = _styles([label for label, _ in runs])
     for i, (label, h) in enumerate(runs):
         y = _series(h, "loss")
         x = _steps(h, y.size)
-        c = colour(i)
-        ax.plot(x, _moving_average(y, int(smooth)), color=c, lw=1.6, ls=_LINESTYLES[i % 4], label=f"{label} (train)")
+        c, ls = styles[i]
+        ax.plot(x, _moving_average(y, int(smooth)), color=c, lw=1.6, ls=ls, label=f"{label} (train)")
         if eval and h.get("eval_step"):
             ex = np.asarray(h["eval_step"], dtype=np.float64)
             ey = np.asarray(h["eval_loss"], dtype=np.float64)
@@ -675,11 +717,12 @@ def loss_scale(histories: Any, *, ax: Axes | None = None) -> Axes:
     """The loss scale against step (log2 axis) for one or several runs, skipped (overflow) steps marked."""
     runs = _runs(histories)
     ax = _new_axes(ax)
+    styles = _styles([label for label, _ in runs])
     for i, (label, h) in enumerate(runs):
         s = _series(h, "loss_scale")
         x = _steps(h, s.size)
-        c = colour(i)
-        ax.step(x, s, where="post", color=c, lw=1.8, ls=_LINESTYLES[i % 4], label=f"{label}: loss scale")
+        c, ls = styles[i]
+        ax.step(x, s, where="post", color=c, lw=1.8, ls=ls, label=f"{label}: loss scale")
         if "skipped" in h:
             sk = np.asarray(h["skipped"], dtype=bool)
             if sk.size == s.size and np.any(sk):
@@ -691,6 +734,77 @@ def loss_scale(histories: Any, *, ax: Axes | None = None) -> Axes:
     ax.set_title("Loss scale and skipped steps")
     ax.legend(fontsize=8)
     return ax
+
+
+def scaler_dynamics(history: Any, fmt: Format | str = "fp16", *, label: str | None = None, ax: Any = None) -> Any:
+    """A dynamic loss scaler at work in one run: the scale per step (top) and the largest scaled gradient
+    against the format's maximum on the same log2 axis (bottom), overflows (skipped steps) marked on both.
+
+    Reads the history's ``loss_scale``, ``skipped`` and ``grad_amax`` (largest |gradient| of the step, loss
+    scale included). Each growth (after ``growth_interval`` clean steps) is a step up of the top curve; each
+    overflow is a gradient maximum above ``fmt.max`` in the bottom panel, a skipped step and a backoff.
+
+    Parameters
+    ----------
+    history : History or dict of per-step lists
+    fmt : Format or str
+        The gradient format whose maximum is the overflow line (65504 for fp16).
+    label : str, optional
+        Names the run in the legends.
+    ax : a pair of Axes, optional
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        With attribute ``fpsim_events``: ``{"growths": [steps], "overflows": [steps]}`` (a growth is a step
+        whose scale is larger than the previous step's; an overflow a skipped step).
+    """
+    f = as_format(fmt)
+    h = _as_mapping(history)
+    s = _series(h, "loss_scale")
+    amax = _series(h, "grad_amax")
+    sk = np.asarray(h.get("skipped", np.zeros(s.size, dtype=bool)), dtype=bool)
+    if not (amax.size == s.size == sk.size):
+        raise ValueError(f"loss_scale, grad_amax and skipped must have one entry per step; got {s.size}, "
+                         f"{amax.size}, {sk.size}")
+    x = _steps(h, s.size)
+    name = "run" if label is None else str(label)
+    fig, a, b = _new_axes_pair(ax, (9.0, 6.0))
+    growths = [int(x[j]) for j in range(1, s.size) if s[j] > s[j - 1]]
+    over = [int(v) for v in x[sk]]
+    a.step(x, s, where="post", color=OKABE_ITO["blue"], lw=1.8, label=f"{name}: loss scale")
+    if growths:
+        gi = np.isin(x, growths)
+        a.plot(x[gi], s[gi], "^", color=OKABE_ITO["bluish_green"], ms=6, ls="none",
+               label=f"growth ×{_ratio_text(s, gi)} after clean steps: {len(growths)}×")
+    if over:
+        a.plot(x[sk], s[sk], "v", color=OKABE_ITO["vermillion"], mec=OKABE_ITO["black"], mew=0.5, ms=7, ls="none",
+               label=f"overflow: step skipped, scale backs off ({len(over)}×)")
+    a.set_yscale("log", base=2)
+    a.set_ylabel("loss scale (log2 axis)")
+    a.set_title(f"Dynamic loss scaling: {len(growths)} growths, {len(over)} overflows (skipped steps)")
+    a.legend(fontsize=8, loc="lower right")
+    ok = np.isfinite(amax) & (amax > 0)
+    b.plot(x[ok], amax[ok], color=OKABE_ITO["blue"], lw=1.4, label=f"{name}: max |gradient × scale| per step")
+    if over:
+        b.plot(x[sk & ok], amax[sk & ok], "v", color=OKABE_ITO["vermillion"], mec=OKABE_ITO["black"], mew=0.5,
+               ms=7, ls="none", label="overflow (skipped step)")
+    b.axhline(f.max, color=OKABE_ITO["vermillion"], lw=1.2, ls="--",
+              label=f"{f.name} max {_edge_value(f.max)}: larger values overflow")
+    b.set_yscale("log", base=2)
+    b.set_xlabel("training step")
+    b.set_ylabel("largest |scaled gradient| (log2 axis)")
+    b.legend(fontsize=8, loc="lower right")
+    if ax is None:
+        b.sharex(a)
+    fig.fpsim_events = {"growths": growths, "overflows": over}  # type: ignore[attr-defined]
+    return fig
+
+
+def _ratio_text(s: np.ndarray, grew: np.ndarray) -> str:
+    idx = np.nonzero(grew)[0]
+    r = {float(s[j] / s[j - 1]) for j in idx if j > 0}
+    return f"{r.pop():g}" if len(r) == 1 else "factor"
 
 
 def underflow_over_time(histories: Any, *, sites: Sequence[str] | None = None, subnormal: bool = False,
@@ -705,7 +819,7 @@ def underflow_over_time(histories: Any, *, sites: Sequence[str] | None = None, s
         For a single run: draw these tensors' own ``underflow_fraction`` instead (``history["tensors"]``
         keys such as ``"blocks.0.mlp.fc.dy"``).
     subnormal : bool
-        Also draw the share that became subnormal (dashed, same colour).
+        Also draw the share that became subnormal (thin and faint, same colour and line style).
     smooth : int
         Moving-average window in steps.
     """
@@ -727,14 +841,17 @@ def underflow_over_time(histories: Any, *, sites: Sequence[str] | None = None, s
         for label, h in runs:
             sub = _series(h, "grad_subnormal_fraction") if subnormal else None
             curves.append((label, h, _series(h, "grad_underflow_fraction"), sub))
+    styles = _styles([c[0] for c in curves], policies=sites is None)
     for i, (label, h, y, sub) in enumerate(curves):
         x = _steps(h, len(h["step"]))[: y.size]
         ok = np.isfinite(y)
-        c = colour(i)
-        ax.plot(x[ok], 100.0 * _moving_average(y[ok], int(smooth)), color=c, lw=1.6, label=f"{label}: underflow to 0")
+        c, ls = styles[i]
+        ax.plot(x[ok], 100.0 * _moving_average(y[ok], int(smooth)), color=c, lw=1.6, ls=ls,
+                label=f"{label}: underflow to 0")
         if sub is not None:
             ok2 = np.isfinite(sub)
-            ax.plot(x[: sub.size][ok2], 100.0 * _moving_average(sub[ok2], int(smooth)), color=c, lw=1.2, ls="--",
+            ax.plot(x[: sub.size][ok2], 100.0 * _moving_average(sub[ok2], int(smooth)), color=c, lw=1.0, ls=ls,
+                    alpha=0.55,
                     label=f"{label}: subnormal")
     ax.set_xlabel("training step")
     ax.set_ylabel("nonzero gradient values (%)")
@@ -765,11 +882,12 @@ def lost_updates(histories: Any, *, weights: Sequence[str] | None = None, smooth
             curves.append((w, h, np.asarray(lost[w], dtype=np.float64)))
     else:
         curves = [(label, h, _series(h, "lost_update_fraction")) for label, h in runs]
+    styles = _styles([c[0] for c in curves], policies=weights is None)
     for i, (label, h, y) in enumerate(curves):
         x = _steps(h, len(h["step"]))[: y.size]
         ok = np.isfinite(y)
-        ax.plot(x[ok], 100.0 * _moving_average(y[ok], int(smooth)), color=colour(i), lw=1.6,
-                ls=_LINESTYLES[i % 4], label=label)
+        c, ls = styles[i]
+        ax.plot(x[ok], 100.0 * _moving_average(y[ok], int(smooth)), color=c, lw=1.6, ls=ls, label=label)
     ax.set_xlabel("training step")
     ax.set_ylabel("nonzero weight updates lost to rounding (%)")
     ax.set_title("Weight updates swallowed by rounding")

@@ -357,3 +357,178 @@ def test_history_plots_with_a_real_training_run():
     _render(plot.underflow_over_time(hist, sites=[site]))
     weight = min(hist["by_weight"])
     _render(plot.lost_updates(hist, weights=[weight]))
+
+
+# --------------------------------------------------------------------------------------------------
+# issue 18: band edges labelled, no legend for off-screen bands, one (colour, line style) per policy
+
+
+def _edge_texts(ax) -> dict[str, str]:
+    return {t.get_gid()[len("edge:"):]: t.get_text() for t in ax.texts if (t.get_gid() or "").startswith("edge:")}
+
+
+@pytest.mark.parametrize(("fmt", "lo", "expected"), [
+    ("fp16", -40, {"min_subnormal": "2^-24", "min_normal": "2^-14", "max": "65504"}),
+    ("fp8_e4m3", -14, {"min_subnormal": "2^-9", "min_normal": "2^-6", "max": "448"}),
+    ("fp8_e5m2", -20, {"min_subnormal": "2^-16", "min_normal": "2^-14", "max": "57344"}),
+])
+def test_gradient_histogram_band_edges_labelled_with_values(fmt, lo, expected):
+    # Values spanning the whole range, so every edge is on screen.
+    f = fpsim.as_format(fmt) if hasattr(fpsim, "as_format") else fpsim.formats.as_format(fmt)
+    v = 2.0 ** np.linspace(lo, np.log2(f.max) + 2, 2000)
+    ax = plot.gradient_histogram(v, fmt)
+    _render(ax)
+    got = _edge_texts(ax)
+    assert set(got) == set(expected)
+    for key, value in expected.items():
+        assert got[key].split(" ")[0] == value, (key, got[key])
+    # Each label sits on its edge.
+    for t in ax.texts:
+        if (t.get_gid() or "") == "edge:max":
+            assert t.get_position()[0] == pytest.approx(np.log2(f.max))
+
+
+def _band_spans(ax):
+    # The shaded bands: axvspan patches (Rectangles in matplotlib >= 3.9, Polygons before).
+    out = []
+    for p in ax.patches:
+        ext = p.get_path().get_extents(p.get_patch_transform()) if hasattr(p, "get_patch_transform") else None
+        if ext is not None and p.get_zorder() == 0:
+            out.append((ext.x0, ext.x1))
+    return out
+
+
+@pytest.mark.parametrize(("fmt", "values", "absent"), [
+    ("bf16", 2.0 ** np.linspace(-40, -2, 500), {"rounds to 0", "subnormal", "overflow"}),
+    ("fp8_e4m3", 2.0 ** np.linspace(-40, -2, 500), {"overflow"}),
+    ("fp16", 2.0 ** np.linspace(-10, 5, 500), {"rounds to 0", "overflow"}),
+])
+def test_gradient_histogram_no_legend_entry_for_offscreen_band(fmt, values, absent):
+    ax = plot.gradient_histogram(values, fmt)
+    _render(ax)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    bands = [s for s in labels if s.startswith(fmt + " ")]
+    assert f"{fmt} normal" in bands
+    for what in absent:
+        assert f"{fmt} {what}" not in labels, labels
+    # ... and every band that has an entry is (at least partly) on screen.
+    x0, x1 = ax.get_xlim()
+    f = fpsim.formats.as_format(fmt)
+    lo_sub = np.log2(f.min_subnormal) - 1
+    where = {"rounds to 0": (-np.inf, lo_sub), "subnormal": (lo_sub, f.emin), "normal": (f.emin, np.log2(f.max)),
+             "overflow": (np.log2(f.max), np.inf)}
+    for s in bands:
+        a, b = where[s[len(fmt) + 1:]]
+        assert a < x1 and b > x0, s
+
+
+def _all_policy_names():
+    from fpsim.train.demo import DEFAULT_POLICIES
+
+    return sorted(set(fpsim.amp.policy_names()) | set(DEFAULT_POLICIES))
+
+
+def test_policy_styles_distinct_pairs():
+    from fpsim.train.report import POLICY_STYLES, policy_style
+
+    from fpsim.train.demo import DEFAULT_POLICIES
+
+    # Every policy the demo draws has its own entry; all entries are distinct (colour, line style) pairs.
+    assert set(DEFAULT_POLICIES) <= set(POLICY_STYLES)
+    pairs = [(c.lower(), ls) for c, ls in POLICY_STYLES.values()]
+    assert len(set(pairs)) == len(pairs)
+    # The pair students could not tell apart.
+    assert POLICY_STYLES["fp8-hybrid"] != POLICY_STYLES["fp16-no-scaling"]
+    assert POLICY_STYLES["fp8-hybrid"][0] != POLICY_STYLES["fp16-no-scaling"][0]
+    assert policy_style("fp16-mixed") == POLICY_STYLES["fp16-mixed"]
+
+
+def _hist(n=30, seed=0, **extra):
+    rng = np.random.default_rng(seed)
+    loss = list(2.5 * np.exp(-np.arange(n) / 20) + 0.01 * rng.standard_normal(n))
+    return {"step": list(range(n)), "loss": loss, "loss_scale": [1024.0] * n, "skipped": [False] * n,
+            "grad_underflow_fraction": list(rng.uniform(0, 0.1, n)), "lost_update_fraction": list(rng.uniform(0, 0.1, n)),
+            "grad_amax": list(rng.uniform(1, 10, n)), "eval_step": [], "eval_loss": []} | extra
+
+
+@pytest.mark.parametrize("fn", ["loss_curves", "loss_scale", "underflow_over_time", "lost_updates"])
+def test_every_policy_gets_a_unique_colour_and_linestyle(fn):
+    names = _all_policy_names() + ["my-own-policy", "another one"]
+    runs = {n: _hist(seed=i) for i, n in enumerate(names)}
+    ax = getattr(plot, fn)(runs)
+    _render(ax)
+    lines = [ln for ln in ax.get_lines() if not ln.get_label().startswith("_") and ln.get_linestyle() != "None"]
+    by_run = {}
+    for ln in lines:
+        run = next(n for n in sorted(names, key=len, reverse=True) if ln.get_label().startswith(n))
+        by_run.setdefault(run, (matplotlib.colors.to_hex(ln.get_color()), ln.get_linestyle()))
+    assert set(by_run) == set(names)
+    assert len(set(by_run.values())) == len(names), by_run
+
+
+def test_demo_report_plots_use_the_policy_styles(tmp_path):
+    from fpsim.train import report
+    from fpsim.train.demo import DEFAULT_POLICIES
+
+    runs = {n: _hist(seed=i) for i, n in enumerate(DEFAULT_POLICIES)}
+    fig_lines = {}
+    orig = plt.Figure.savefig
+
+    def grab(self, *a, **k):
+        for ax in self.axes:
+            for ln in ax.get_lines():
+                if ln.get_label() in runs:
+                    fig_lines[ln.get_label()] = (matplotlib.colors.to_hex(ln.get_color()), ln.get_linestyle())
+        return orig(self, *a, **k)
+
+    plt.Figure.savefig = grab
+    try:
+        report.plot_loss_curves(runs, str(tmp_path / "loss.png"))
+    finally:
+        plt.Figure.savefig = orig
+    assert set(fig_lines) == set(DEFAULT_POLICIES)
+    assert len(set(fig_lines.values())) == len(fig_lines)
+    for n, (c, ls) in fig_lines.items():
+        assert (c.lower(), ls) == (report.POLICY_STYLES[n][0].lower(), report.POLICY_STYLES[n][1])
+
+
+def test_scaler_dynamics_marks_growths_and_overflows():
+    # A torch-style trace: grows x2 every 3 clean steps; the scaled max passes 65504 at step 7 and 11.
+    scale = [2.0**14] * 3 + [2.0**15] * 3 + [2.0**16] + [2.0**17] + [2.0**16] * 3 + [2.0**17] + [2.0**16]
+    skipped = [False] * 7 + [True] + [False] * 3 + [True] + [False]
+    amax = [s * 0.6 for s in scale]
+    h = {"step": list(range(13)), "loss_scale": scale, "skipped": skipped, "grad_amax": amax}
+    fig = plot.scaler_dynamics(h, "fp16", label="test")
+    _render(fig)
+    assert fig.fpsim_events == {"growths": [3, 6, 7, 11], "overflows": [7, 11]}
+    top, bottom = fig.axes[:2]
+    assert any(np.allclose(ln.get_ydata(), 65504.0) for ln in bottom.get_lines())
+    assert any("65504" in t.get_text() for t in bottom.get_legend().get_texts())
+    assert "2 overflows" in top.get_title() and "4 growths" in top.get_title()
+    with pytest.raises(ValueError, match="grad_amax"):
+        plot.scaler_dynamics({"step": [0], "loss_scale": [1.0], "skipped": [False]})
+
+
+def test_demo_gradient_histogram_labels_fp16_and_fp8_edges(tmp_path):
+    from fpsim.train import report
+
+    lo = -45
+    e = np.arange(lo, 5)
+    h = {"hist_lo": lo, "hist": {"grad_act": [list(np.exp(-0.5 * ((e + 22) / 6) ** 2) * 1000)]},
+         "hist_zeros": {"grad_act": [10]}, "hist_step": [100]}
+    seen = {}
+    orig = plt.Figure.savefig
+
+    def grab(self, *a, **k):
+        seen.update({t.get_gid(): t.get_text() for ax in self.axes for t in ax.texts if t.get_gid()})
+        return orig(self, *a, **k)
+
+    plt.Figure.savefig = grab
+    try:
+        report.plot_gradient_histogram(h, str(tmp_path / "h.png"), loss_scale=1024.0)
+    finally:
+        plt.Figure.savefig = orig
+    for gid in ["edge:fp16:2^-24", "edge:fp16:2^-14", "edge:fp16:65504", "edge:fp8_e5m2:2^-16", "edge:fp8_e5m2:2^-14",
+                "edge:fp8_e5m2:57344", "edge:fp8_e4m3:2^-9", "edge:fp8_e4m3:2^-6", "edge:fp8_e4m3:448"]:
+        assert gid in seen, (gid, sorted(seen))
+        assert gid.split(":")[-1] in seen[gid]

@@ -14,18 +14,48 @@ import numpy as np
 
 from ..formats import as_format
 
-__all__ = ["write_plots"]
+__all__ = ["POLICY_STYLES", "lesson_table", "plot_checkpointing", "policy_style", "seed_columns", "seed_section",
+           "write_plots"]
 
-_COLORS = {
-    "fp32": "#000000", "bf16-mixed": "#0072B2", "fp16-mixed": "#009E73", "fp16-static": "#56B4E9",
-    "fp16-no-scaling": "#D55E00", "fp16-no-master": "#CC79A7", "fp16-fast-scaler": "#999933",
-    "fp8-hybrid": "#E69F00",
-    "int8-qat": "#7f7f7f", "int4-qat": "#8c564b", "int8-ptq": "#bcbd22", "int4-ptq": "#17becf",
+#: Colour and line style of each built-in policy in every plot that draws policies (the demo's PNGs here and
+#: ``fpsim.plot``'s training plots): Paul Tol's colour-blind-safe "muted" scheme plus black for the fp32
+#: reference, and a dash pattern per policy, so every policy is a distinct (colour, line style) pair and
+#: policies of one colour (the QAT/PTQ pairs) differ by their dashes.
+POLICY_STYLES: dict[str, tuple[str, str]] = {
+    "fp32": ("#000000", "-"),
+    "bf16-mixed": ("#332288", "-"),          # indigo
+    "fp16-mixed": ("#44AA99", "-"),          # teal
+    "fp16-fast-scaler": ("#88CCEE", "-."),   # cyan
+    "fp16-static": ("#117733", "--"),        # green
+    "fp16-no-scaling": ("#CC6677", "--"),    # rose
+    "fp16-no-master": ("#AA4499", ":"),      # purple
+    "fp8-hybrid": ("#999933", "-."),         # olive
+    "int8-qat": ("#882255", "-"),            # wine
+    "int4-qat": ("#882255", "--"),
+    "int8-ptq": ("#DDCC77", "-"),            # sand
+    "int4-ptq": ("#DDCC77", "--"),
 }
+_OTHER_COLOURS = ("#332288", "#44AA99", "#CC6677", "#117733", "#AA4499", "#999933", "#882255", "#88CCEE")
+_OTHER_STYLES = ("-", "--", "-.", ":")
+
+
+def policy_style(name: str, i: int = 0) -> tuple[str, str]:
+    """``(colour, linestyle)`` of a policy: :data:`POLICY_STYLES` for built-in names, else by index ``i``.
+
+    >>> policy_style("fp16-no-scaling"), policy_style("fp8-hybrid")
+    (('#CC6677', '--'), ('#999933', '-.'))
+    """
+    if name in POLICY_STYLES:
+        return POLICY_STYLES[name]
+    return _OTHER_COLOURS[i % len(_OTHER_COLOURS)], _OTHER_STYLES[(i // len(_OTHER_COLOURS)) % len(_OTHER_STYLES)]
 
 
 def _color(name: str, i: int) -> str:
-    return _COLORS.get(name, f"C{i % 10}")
+    return policy_style(name, i)[0]
+
+
+def _ls(name: str, i: int) -> str:
+    return policy_style(name, i)[1]
 
 
 def _plt() -> Any:
@@ -61,7 +91,7 @@ def plot_loss_curves(histories: Mapping[str, Any], path: str) -> str:
             continue
         k = max(1, y.size // 40)
         ax.plot(h["step"], _smooth(y, k), color=_color(name, i), lw=1.5, label=name,
-                ls="--" if "no-" in name else "-")
+                ls=_ls(name, i))
         if h["eval_step"]:
             ax.plot(h["eval_step"][-1], h["eval_loss"][-1], "o", color=_color(name, i), ms=5)
     ax.set_yscale("log")
@@ -84,7 +114,7 @@ def plot_gradient_histogram(h: Mapping[str, Any], path: str, *, loss_scale: floa
     e = np.arange(lo, lo + counts.size)
     tot = counts.sum() + zeros
     frac = counts / max(tot, 1)
-    fig, ax = plt.subplots(figsize=(9, 4.8))
+    fig, ax = plt.subplots(figsize=(12, 4.8))
     nz = np.nonzero(counts)[0]
     x0, x1 = (e[nz[0]] - 3, e[nz[-1]] + 4) if nz.size else (-40, 5)
     x0 = min(x0, -30)
@@ -107,11 +137,29 @@ def plot_gradient_histogram(h: Mapping[str, Any], path: str, *, loss_scale: floa
                label=f"same values x loss scale 2^{sh:g}")
     ax.set_xlim(x0, x1)
     ax.set_ylim(0, ymax)
+    # Band edges labelled with their values (fp16 at the top, each fp8 format at the ends of its bar),
+    # only where they are on screen.
+    for v in (f16.min_subnormal, f16.min_normal, f16.max):
+        if x0 <= np.log2(v) <= x1:
+            ax.text(np.log2(v), 1.005, f"fp16 {_edge_text(v)}", ha="center", va="bottom", fontsize=7,
+                    transform=ax.get_xaxis_transform(), gid=f"edge:fp16:{_edge_text(v)}")
+    for f, yy, c in ((e5, 0.93, "#0072B2"), (e4, 0.85, "#CC79A7")):
+        # min subnormal to the left of its end, min normal to the right: they are only 2-3 binades apart.
+        for v, ha in ((f.min_subnormal, "right"), (f.min_normal, "left"), (f.max, "center")):
+            if x0 <= np.log2(v) <= x1:
+                ax.text(np.log2(v), ymax * (yy - 0.025), _edge_text(v), ha=ha, va="top", fontsize=6.5,
+                        color=c, gid=f"edge:{f.name}:{_edge_text(v)}")
     ax.set_xlabel("log2 |gradient|  (activation gradients entering the GEMMs of the backward pass)")
     ax.set_ylabel("fraction of values")
-    ax.set_title(f"Where the gradients live (exact zeros: {100 * zeros / max(tot, 1):.1f}%, not shown)")
-    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title(f"Where the gradients live (exact zeros: {100 * zeros / max(tot, 1):.1f}%, not shown)", pad=14)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: the band labels stay visible
     return _save(fig, path)
+
+
+def _edge_text(v: float) -> str:
+    """A band edge as students read it: powers of two below 1 as ``2^-24``, the rest as a number (65504)."""
+    m, e = np.frexp(v)
+    return f"2^{int(e) - 1}" if m == 0.5 and v < 1 else f"{v:g}"
 
 
 def plot_underflow(histories: Mapping[str, Any], path: str) -> str:
@@ -122,7 +170,7 @@ def plot_underflow(histories: Mapping[str, Any], path: str) -> str:
         if y.size == 0 or not np.isfinite(y).any():
             continue
         k = max(1, y.size // 50)
-        ax.plot(h["step"], 100 * _smooth(y, k), color=_color(name, i), lw=1.5, label=name)
+        ax.plot(h["step"], 100 * _smooth(y, k), color=_color(name, i), lw=1.5, ls=_ls(name, i), label=name)
     ax.set_xlabel("step")
     ax.set_ylabel("nonzero gradient values that underflowed to 0 (%)")
     ax.set_title("Gradient underflow in the policy's gradient format")
@@ -139,13 +187,13 @@ def plot_loss_scale(histories: Mapping[str, Any], path: str) -> str:
     f16 = as_format("fp16")
     for i, (name, h) in enumerate(histories.items()):
         s = np.asarray(h["loss_scale"], dtype=float)
-        ax.step(h["step"], s, where="post", color=_color(name, i), lw=1.5, label=name)
+        ax.step(h["step"], s, where="post", color=_color(name, i), lw=1.5, ls=_ls(name, i), label=name)
         sk = np.asarray(h["skipped"], dtype=bool)
         if sk.any():
             st = np.asarray(h["step"])[sk]
             ax.plot(st, s[sk], "v", color=_color(name, i), ms=6, label=f"{name}: {int(sk.sum())} skipped steps")
         amax = np.asarray(h["grad_amax"], dtype=float)
-        bx.plot(h["step"], amax, color=_color(name, i), lw=1.2, label=f"{name}: max |scaled gradient|")
+        bx.plot(h["step"], amax, color=_color(name, i), lw=1.2, ls=_ls(name, i), label=f"{name}: max |scaled gradient|")
     bx.axhline(f16.max, color="#D55E00", ls="--", lw=1.2, label=f"fp16 max {f16.max:g} (overflow above)")
     bx.axhline(f16.min_normal, color="#E69F00", ls=":", lw=1.2, label=f"fp16 min normal 2^{f16.emin}")
     ax.set_yscale("log", base=2)
@@ -167,7 +215,7 @@ def plot_lost_updates(histories: Mapping[str, Any], path: str) -> str:
     for i, (name, h) in enumerate(histories.items()):
         y = np.asarray(h["lost_update_fraction"], dtype=float)
         k = max(1, y.size // 50)
-        ax.plot(h["step"], 100 * _smooth(y, k), color=_color(name, i), lw=1.5, label=name)
+        ax.plot(h["step"], 100 * _smooth(y, k), color=_color(name, i), lw=1.5, ls=_ls(name, i), label=name)
     ax.set_xlabel("step")
     ax.set_ylabel("nonzero weight updates lost to rounding (%)")
     ax.set_title("Weight updates swallowed by rounding (w + dw == w)")
@@ -191,9 +239,14 @@ def plot_qat_ptq(metrics: Mapping[str, Any], path: str, names: list[str]) -> str
     return _save(fig, path)
 
 
-def write_plots(out: str, histories: Mapping[str, Any], metrics: Mapping[str, Any]) -> dict[str, str]:
-    """Write every plot the available runs allow; returns {plot name: file name}."""
+def write_plots(out: str, histories: Mapping[str, Any], metrics: Mapping[str, Any],
+                checkpointing: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """Write every plot the available runs allow (and the checkpointing ledger's, when given); returns
+    {plot name: file name}."""
     made: dict[str, str] = {}
+    if checkpointing is not None:
+        made["checkpointing"] = os.path.basename(
+            plot_checkpointing(checkpointing, os.path.join(out, "checkpointing.png")))
     hs = {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in histories.items()}
     made["loss_curves"] = os.path.basename(plot_loss_curves(hs, os.path.join(out, "loss_curves.png")))
     ref = next((n for n in ("fp32", "fp16-no-scaling", "bf16-mixed") if n in hs and hs[n]["hist_step"]), None)
@@ -217,3 +270,165 @@ def write_plots(out: str, histories: Mapping[str, Any], metrics: Mapping[str, An
     if any(n.endswith(("qat", "ptq")) for n in q):
         made["qat_ptq"] = os.path.basename(plot_qat_ptq(metrics, os.path.join(out, "qat_vs_ptq.png"), q))
     return made
+
+
+# ------------------------------------------------------------------------------------------------------
+# the multi-seed demo (fpsim demo --seeds N): spread columns and the "Across seeds" section
+# ------------------------------------------------------------------------------------------------------
+
+def _num(v: Any, fmt: str) -> str:
+    return "-" if v is None or not np.isfinite(v) else format(v, fmt)
+
+
+def _ci_text(r: Mapping[str, Any], fmt: str, scale: float = 1.0) -> str:
+    ci = r.get("ci")
+    if ci is None:
+        return "-"
+    return f"[{_num(scale * ci[0], fmt)}, {_num(scale * ci[1], fmt)}]"
+
+
+def seed_columns(spread: Mapping[str, Any] | None, name: str | None) -> tuple[str, str]:
+    """Extra cells of the demo's policy table for a multi-seed run: (header, separator) for ``name=None``,
+    else (the row's cells, ""). Nothing for a one-seed demo (``spread`` None)."""
+    if not spread:
+        return "", ""
+    n = spread["n_seeds"]
+    if name is None:
+        return (f" final loss, {n} seeds (mean ± sd) | vs fp32 over seeds: mean [95% CI] |", "---|---|")
+    st = spread["policies"].get(name, {}).get("final_loss", {})
+    cell = f"{_num(st.get('mean'), '.4f')} ± {_num(st.get('sd'), '.4f')}" if st else "-"
+    r = spread["final_loss_vs_fp32"].get(name)
+    if r is None or r.get("diff") is None:
+        vs = "-"
+    else:
+        vs = f"{_num(r['diff'], '+.3g')} {_ci_text(r, '+.3g')}: {r['verdict']}"
+    return f" {cell} | {vs} |", ""
+
+
+def _metric_fmt(metric: str) -> tuple[str, str, float, str]:
+    """(format of means, format of differences, scale, unit) of a lesson's metric."""
+    if metric.endswith("_fraction"):
+        return ".2f", ".3g", 100.0, " (points of %)"
+    if metric == "skipped_steps":
+        return ".1f", ".3g", 1.0, ""
+    return ".4f", ".3g", 1.0, ""
+
+
+def lesson_table(policies: Mapping[str, Any], spread: Mapping[str, Any] | None = None, *, seed: int = 0) -> str:
+    """The demo's lesson table: each lesson (:data:`fpsim.train.sweep.LESSONS`) whose two policies ran, the
+    effect A - B in its metric on the report's seed, and the column *beyond seed noise?*.
+
+    With ``spread`` (a multi-seed demo, :func:`fpsim.train.sweep.seed_spread`) the column gives the mean
+    effect, its 95% paired interval over the n seeds and the verdict; without (one seed) it says the effect was
+    not measured against seed noise and how to measure it (``fpsim demo --seeds 3``): one run per policy
+    cannot tell an effect from the seed.
+
+    Examples
+    --------
+    >>> P = {"fp32": {"final_loss": 0.5}, "bf16-mixed": {"final_loss": 0.51}}
+    >>> print(lesson_table(P).splitlines()[-1])
+    | BF16 mixed precision (FP32 master) vs FP32: final loss | final_loss | bf16-mixed | fp32 | +0.01 | not measured: 1 seed (run `fpsim demo --seeds 3`) |
+    """
+    from .sweep import LESSONS
+
+    by = {r["key"]: r for r in (spread or {}).get("lessons", [])}
+    n = spread["n_seeds"] if spread else 1
+    L = ["## Lessons: do they hold beyond seed noise?\n",
+         ("The findings above are single runs; this table says which of them hold beyond seed noise. "
+          f"Each lesson compares two policies A and B. *A − B (seed {seed})*: the effect in this report's runs; "
+          + (f"*beyond seed noise?*: the mean of A − B over the {n} seeds, its 95% paired Student-t interval and "
+             "the verdict (*beyond seed noise* when the interval excludes 0; details in *Across seeds*)."
+             if spread else
+             "*beyond seed noise?*: not measured, this demo ran one seed, and one run per policy cannot tell an "
+             "effect from the seed; `fpsim demo --seeds 3` (or more) trains every policy over several seeds "
+             "and fills this column.") + "\n"),
+         f"| lesson | metric | A | B | A − B (seed {seed}) | beyond seed noise? |", "|---|---|---|---|---|---|"]
+    for les in LESSONS:
+        if les.a not in policies or les.b not in policies:
+            continue
+        _, dfmt, sc, unit = _metric_fmt(les.metric)
+        va, vb = policies[les.a].get(les.metric), policies[les.b].get(les.metric)
+        d = None if va is None or vb is None else sc * (float(va) - float(vb))
+        r = by.get(les.key)
+        if r is None:
+            col = "not measured: 1 seed (run `fpsim demo --seeds 3`)" if not spread else "-"
+        elif r.get("diff") is None:
+            col = r["verdict"]
+        else:
+            col = (f"{_num(sc * r['diff'], '+' + dfmt)} {_ci_text(r, '+' + dfmt, sc)} over {r['n']} seeds: "
+                   f"**{r['verdict']}**")
+        L.append(f"| {les.title} | {les.metric}{unit} | {les.a} | {les.b} | {_num(d, '+' + dfmt)} | {col} |")
+    return "\n".join(L) + "\n"
+
+
+def seed_section(spread: Mapping[str, Any], sweep: Mapping[str, Any] | None = None) -> str:
+    """The report's *Across seeds* section: each lesson's effect, mean and spread over seeds, and verdict."""
+    L: list[str] = []
+    add = L.append
+    n = spread["n_seeds"]
+    seeds = spread["seeds"]
+    add(f"## Across seeds ({n} seeds: {', '.join(str(s) for s in seeds)})\n")
+    where = (sweep or {}).get("where")
+    add("Every policy was trained once per seed (the seed sets the initial weights, the batches and the "
+        "held-out set); the cells ran as a sweep" + (f" ({where})" if where else "") + ", each seeded by its own "
+        "seed only, so the results are the bits of a serial run. **Rule:** an effect is the per-seed difference "
+        "of a metric between two policies (the runs of one seed share weights and data, so pairing removes "
+        f"what the seed does to both); with n = {n} seeds its mean and the {100 * spread['level']:g}% paired "
+        "Student-t interval mean ± t(n-1)·sd/√n are given, and the effect is *beyond seed noise* when the "
+        "interval excludes 0, *within seed noise* when it contains 0. With so few seeds the interval is wide: "
+        "\"within seed noise\" means this sweep cannot tell the effect from the seed, not that there is none.\n")
+    add("| lesson | metric | A | B | mean A | mean B | A − B, mean [95% CI] | sd of A − B | verdict |")
+    add("|---|---|---|---|---|---|---|---|---|")
+    for r in spread["lessons"]:
+        fmt, dfmt, sc, unit = _metric_fmt(r["metric"])
+        ma = None if r["mean_a"] is None else sc * r["mean_a"]
+        mb = None if r["mean_b"] is None else sc * r["mean_b"]
+        d = None if r["diff"] is None else sc * r["diff"]
+        sd = None if r["diff_sd"] is None else sc * r["diff_sd"]
+        add(f"| {r['title']} | {r['metric']}{unit} | {r['a']} | {r['b']} | {_num(ma, fmt)} | {_num(mb, fmt)} | "
+            f"{_num(d, '+' + dfmt)} {_ci_text(r, '+' + dfmt, sc)} | {_num(sd, dfmt)} | **{r['verdict']}** |")
+    add("\nPer policy over the seeds (mean ± sd; min .. max of the final loss):\n")
+    add("| policy | final loss | min .. max | grad underflow | lost updates | skipped steps |")
+    add("|---|---|---|---|---|---|")
+    for p, m in spread["policies"].items():
+        fl, gu, lu, sk = (m[k] for k in ("final_loss", "grad_underflow_fraction", "lost_update_fraction",
+                                          "skipped_steps"))
+
+        def pm(s: Mapping[str, Any], fmt: str, sc: float = 1.0) -> str:
+            if s.get("mean") is None:
+                return "-"
+            sd = s.get("sd")
+            return f"{_num(sc * s['mean'], fmt)} ± {_num(None if sd is None else sc * sd, fmt)}"
+
+        add(f"| {p} | {pm(fl, '.4f')} | {_num(fl.get('min'), '.4f')} .. {_num(fl.get('max'), '.4f')} | "
+            f"{pm(gu, '.2f', 100.0)}% | {pm(lu, '.2f', 100.0)}% | {pm(sk, '.1f')} |")
+    add("")
+    return "\n".join(L) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------------
+# the checkpointing ledger (fpsim.train.ledger.checkpoint_table)
+# ------------------------------------------------------------------------------------------------------
+
+def plot_checkpointing(table: Mapping[str, Any], path: str) -> str:
+    """Stacked bars: peak activation bytes (device) per checkpointing mode, by kind, with the FLOP ratio."""
+    plt = _plt()
+    rows = list(table["rows"])
+    kinds = sorted({k for r in rows for k in r["by_kind_device"] if k != "weight_copy"},
+                   key=lambda k: -max(r["by_kind_device"].get(k, 0) for r in rows))
+    fig, ax = plt.subplots(figsize=(8, 0.55 * len(rows) + 1.8))
+    y = np.arange(len(rows))
+    left = np.zeros(len(rows))
+    for i, k in enumerate(kinds):
+        v = np.array([r["by_kind_device"].get(k, 0) / 2**20 for r in rows])
+        ax.barh(y, v, left=left, color=f"C{i % 10}", label=k)
+        left += v
+    for j, r in enumerate(rows):
+        ax.text(left[j], j, f"  {r['memory_ratio']:.2f}x mem, {r['flops_ratio']:.2f}x FLOPs", va="center", fontsize=8)
+    ax.set_yticks(y, [r["mode"] for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlim(0, left.max() * 1.45)
+    ax.set_xlabel(f"peak activation MiB held for the backward pass ({table['policy']}, batch {table['batch']} x "
+                  f"{table['seq_len']})")
+    ax.legend(fontsize=7, loc="lower right", ncol=2)
+    return _save(fig, path)
