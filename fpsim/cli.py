@@ -42,6 +42,32 @@ def cmd_formats(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_devices(args: argparse.Namespace) -> int:
+    """``fpsim devices [NAME | --device NAME] [--json]``: the preset table of :func:`fpsim.mma.preset_table`."""
+    from .mma.presets import LEVELS, _norm_device, preset_table
+
+    if args.name is not None and args.device is not None and _norm_device(args.name) != _norm_device(args.device):
+        raise ValueError(f"give the device once: positional {args.name!r} and --device {args.device!r} differ")
+    rows = preset_table(args.device if args.device is not None else args.name)
+    if args.json:
+        print(json.dumps({"levels": list(LEVELS), "presets": rows}, indent=2))
+        return 0
+    cols = ["device", "arch", "inputs -> outputs", "provenance", "caveats", "source"]
+    table = []
+    for r in rows:
+        io = "-" if r["input"] is None else f"{r['input']} -> {r['output']}" + (f" [{r['path']}]" if r["path"] else "")
+        src = r["source"] or r["note"]
+        table.append([r["device"], r["arch"], io, r["provenance"], "; ".join(r["caveats"]) or "-",
+                      src if len(src) <= 60 else src[:57] + "..."])
+    widths = [max(len(c), *(len(t[i]) for t in table)) for i, c in enumerate(cols)]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip())
+    print("  ".join("-" * w for w in widths))
+    for t in table:
+        print("  ".join(v.ljust(w) for v, w in zip(t, widths)).rstrip())
+    print("(full sources, notes and the tests behind each claim: fpsim devices --json)")
+    return 0
+
+
 # Keys of ``fpsim round --json`` (documented in docs/getting-started.md; stable: new keys may be added, none removed).
 ROUND_JSON_KEYS = ("input", "value", "value_fraction", "float64", "format", "rounding", "overflow", "seed",
                    "rounded", "rounded_exact", "rounded_hex", "bits", "code", "exact", "error", "error_fraction",
@@ -226,6 +252,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed for --rounding sr (default 0): exact stochastic rounding of the exact value")
     s.add_argument("--json", action="store_true", help="print the result as JSON (keys in docs/getting-started.md)")
     s.set_defaults(func=cmd_round)
+    s = sub.add_parser("devices", help="list every matrix-unit preset (device, formats) with its provenance",
+                       description="Every device preset fpsim.mma.get_model knows, with how far it is validated: "
+                                   "reproduces published hardware rows / agrees with MMA-Sim / from documentation "
+                                   "only, and the source (docs/devices.md).")
+    s.add_argument("name", nargs="?", default=None, metavar="NAME",
+                   help="only this device (any spelling get_model takes; same as --device)")
+    s.add_argument("--device", default=None, metavar="NAME", help="only this device (any spelling get_model takes)")
+    s.add_argument("--json", action="store_true", help="print the presets as JSON (keys in docs/devices.md)")
+    s.set_defaults(func=cmd_devices)
     for name, (register, _) in _EXTENSIONS.items():
         register(sub)
     return p
@@ -234,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _register_extensions() -> dict[str, tuple[Callable[..., None], None]]:
     """Subcommands provided by higher layers (demo, probe) register here when present."""
     ext: dict[str, tuple[Callable[..., None], None]] = {}
-    for modname in ("fpsim.train.cli", "fpsim.gpu.cli"):
+    for modname in ("fpsim.train.cli", "fpsim.gpu.cli", "fpsim.plan.cli", "fpsim.audit"):
         try:
             mod = __import__(modname, fromlist=["register_cli"])
         except ImportError:

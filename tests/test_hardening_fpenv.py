@@ -25,6 +25,9 @@ import fpsim.quant as Q
 import fpsim.scaling as S
 import fpsim.testing as ft
 from fpsim import _fpenv
+import fpsim.nn.flash
+import fpsim.plan
+import fpsim.train.ledger
 from fpsim.mma import experiments, naive
 
 HELPER = _fpenv._helper()
@@ -478,7 +481,8 @@ def test_refuses_a_mode_it_cannot_clear(monkeypatch: pytest.MonkeyPatch) -> None
 # -- the API is unchanged --------------------------------------------------------------------------------
 
 MODULES = [fpsim, fpsim.arith, fpsim.bits, fpsim.rounding, fpsim.accumulate, fpsim.mma, fpsim.scaling,
-           fpsim.quant, fpsim.testing, fpsim.mma.gemm, experiments, naive]
+           fpsim.quant, fpsim.testing, fpsim.mma.gemm, experiments, naive, fpsim.nn.flash, fpsim.plan,
+           fpsim.train.ledger]
 # Public callables that compute nothing with floats of the user's data (names, registries, factories).
 EXEMPT = {
     "Format", "NaNEncoding", "all_formats", "as_format", "format_names", "register", "Rounding", "Overflow",

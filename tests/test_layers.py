@@ -14,14 +14,14 @@ ROOT = Path(__file__).resolve().parents[1] / "fpsim"
 
 LAYER = {
     "formats": 0, "rounding": 0, "bits": 0, "_deprecation": 0, "_ckernel": 0, "_names": 0, "_fpenv": 0,
-    "_exact": 0, "_cliargs": 0, "_interop": 0,
+    "_exact": 0, "_cliargs": 0, "_interop": 0, "_dask": 0,
     "_checks": 0,
     "arith": 1, "array": 1,
-    "mma": 2, "accumulate": 2,
+    "mma": 2, "accumulate": 2, "_sumtree": 2,
     "nn": 3,
-    "amp": 4, "quant": 4, "scaling": 4,
-    "train": 5,
-    "plot": 6, "testing": 6, "gpu": 6, "cli": 6,
+    "amp": 4, "quant": 4, "scaling": 4, "quant_nf4": 4, "quant_int": 4,
+    "train": 5, "plan": 5,
+    "plot": 6, "testing": 6, "gpu": 6, "cli": 6, "audit": 6,
 }
 
 
