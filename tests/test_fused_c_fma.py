@@ -44,6 +44,18 @@ def hostile(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return a, b, c
 
 
+# Which NaN a float64 NumPy operation returns for two NaN operands is not specified by IEEE 754; NumPy 1.24's
+# SIMD loops pick by alignment (seen: the emulation's NaN payloads changed with the test order), NumPy 2.x's
+# are stable. So NaN payloads are compared bit for bit only on NumPy 2; elsewhere a NaN equals any NaN.
+_NAN_PAYLOADS = int(np.__version__.split(".")[0]) >= 2
+
+
+def bits_equal(x: np.ndarray, y: np.ndarray) -> bool:
+    if _NAN_PAYLOADS:
+        return bool(np.array_equal(u32(x), u32(y)))
+    return same(x, y) == 0 and bool(np.array_equal(np.isnan(x), np.isnan(y)))
+
+
 def same(x: np.ndarray, y: np.ndarray) -> int:
     """Mismatching elements: bit patterns, except that any NaN equals any NaN (MPFR has no payloads)."""
     nan = np.isnan(x) & np.isnan(y)
@@ -57,7 +69,7 @@ def test_c_fma_equals_numpy_emulation(seed: int) -> None:
     got = _fma32(a, b, c)
     want = _fma32_numpy(a, b, c)
     assert np.isnan(want).sum() > 10_000
-    assert np.array_equal(u32(got), u32(want))          # every bit, NaN payloads and signs included
+    assert bits_equal(got, want)          # every bit, NaN payloads and signs included (on NumPy 2)
 
 
 @needs_c
@@ -83,13 +95,13 @@ def test_c_fma_broadcast_and_aliasing(which: int) -> None:
         if not (which >> (2 - i)) & 1:
             ops[i] = ops[i][5]                          # a scalar (0-d) operand
     want = _fma32_numpy(*ops)
-    assert np.array_equal(u32(_fma32(*ops)), u32(want))
+    assert bits_equal(_fma32(*ops), want)
     full = [i for i in range(3) if np.ndim(ops[i])]
     if full:
         tgt = np.array(ops[full[0]], F)                 # out aliases the first full operand
         ops2 = list(ops)
         ops2[full[0]] = tgt
-        assert _fma32(*ops2, out=tgt) is tgt and np.array_equal(u32(tgt), u32(want))
+        assert _fma32(*ops2, out=tgt) is tgt and bits_equal(tgt, want)
 
 
 @needs_c
