@@ -361,17 +361,24 @@ class Trainer:
         return [self.task.batch(rng, self.config.batch_size) for _ in range(self.config.eval_batches)]
 
     # ------------------------------------------------------------------ steps
-    def step(self) -> dict[str, Any]:
-        """One training step; returns its row of telemetry."""
-        cfg, pol, rt = self.config, self.policy, self.runtime
+    def _begin_step(self) -> tuple[int, bool, bool]:
+        """The start of every step (this Trainer's and the data-parallel one's): the step index, whether it
+        records telemetry and histograms, the QAT phase switch, the runtime's begin_step."""
+        cfg, rt = self.config, self.runtime
         s = self.step_count
         rec = cfg.telemetry_every > 0 and s % cfg.telemetry_every == 0
         hist = rec and cfg.histogram_every > 0 and s % cfg.histogram_every == 0
         rt.training = True
-        q = pol.quant
+        q = self.policy.quant
         if q is not None and q.mode == "qat" and not rt.quant_active and s >= int(q.start * cfg.steps):
             rt.quant_active = True  # QAT fine-tuning phase begins
         rt.begin_step(recording=rec, histograms=hist)
+        return s, rec, hist
+
+    def step(self) -> dict[str, Any]:
+        """One training step; returns its row of telemetry."""
+        cfg, pol, rt = self.config, self.policy, self.runtime
+        s, rec, hist = self._begin_step()
         x, y = self.batch(s)
         scale = self.scaler.scale
         n_tok = max(int(np.count_nonzero(y != -1)), 1)

@@ -577,14 +577,7 @@ class DataParallelTrainer(Trainer):
     def step(self) -> dict[str, Any]:
         """One data-parallel training step; returns its row of telemetry."""
         cfg, pol, rt = self.config, self.policy, self.runtime
-        s = self.step_count
-        rec = cfg.telemetry_every > 0 and s % cfg.telemetry_every == 0
-        hist = rec and cfg.histogram_every > 0 and s % cfg.histogram_every == 0
-        rt.training = True
-        q = pol.quant
-        if q is not None and q.mode == "qat" and not rt.quant_active and s >= int(q.start * cfg.steps):
-            rt.quant_active = True
-        rt.begin_step(recording=rec, histograms=hist)
+        s, rec, hist = self._begin_step()
         x, y = self.batch(s)
         scale = self.scaler.scale
         world = self.world_size
