@@ -8,14 +8,12 @@ the spec (tests/_mpfr_oracle.py).
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
 import time
 import subprocess
 import sys
-from contextlib import redirect_stderr, redirect_stdout
 from decimal import Decimal
 from fractions import Fraction
 
@@ -320,17 +318,7 @@ def test_decimal_str() -> None:
 # ------------------------------------------------------------------------------------------------------
 
 
-def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    """fpsim.cli.main in-process: (status, stdout, stderr); argparse's SystemExit becomes its code."""
-    from fpsim.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        try:
-            rc = main(argv)
-        except SystemExit as e:
-            rc = int(e.code or 0)
-    return rc, out.getvalue(), err.getvalue()
+from _cli import run_cli  # noqa: E402  (shared by the CLI tests)
 
 
 def round_json(*argv: str) -> dict:  # type: ignore[type-arg]

@@ -8,10 +8,8 @@ here as the papers print them; the planner computes them from its own per-tensor
 
 from __future__ import annotations
 
-import io
 import json
 import math
-from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 
@@ -364,16 +362,7 @@ def test_plot_memory(tmp_path) -> None:  # type: ignore[no-untyped-def]
 # -- the command line ---------------------------------------------------------------------------------------
 
 
-def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    from fpsim.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        try:
-            rc = main(argv)
-        except SystemExit as e:
-            rc = int(e.code or 0)
-    return rc, out.getvalue(), err.getvalue()
+from _cli import run_cli  # noqa: E402  (shared by the CLI tests)
 
 
 def test_cli_plan_zero_figures_json() -> None:

@@ -4,7 +4,6 @@ run, surviving a killed worker, resumable, and the seed-spread statistics of the
 from __future__ import annotations
 
 import functools
-import io
 import json
 import logging
 import math
@@ -12,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-from contextlib import redirect_stderr, redirect_stdout
 from typing import Any
 
 import numpy as np
@@ -298,16 +296,7 @@ def test_seed_spread_of_the_tiny_sweep(serial: dict[str, Any]) -> None:
 # fpsim demo --seeds / --workers / --scheduler
 # ----------------------------------------------------------------------------------------------------------
 
-def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    from fpsim.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        try:
-            rc = main(argv)
-        except SystemExit as e:
-            rc = int(e.code or 0)
-    return rc, out.getvalue(), err.getvalue()
+from _cli import run_cli  # noqa: E402  (shared by the CLI tests)
 
 
 @pytest.fixture
