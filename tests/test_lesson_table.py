@@ -70,3 +70,33 @@ def test_demo_report_has_the_lesson_table(tmp_path: Any) -> None:
     assert report.count("## Lessons: do they hold beyond seed noise?") == 1
     assert "| BF16 mixed precision (FP32 master) vs FP32: final loss |" in report
     assert "beyond seed noise? |" in report
+
+
+def _seeds_passed(argv: list[str], tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> int:
+    import fpsim.train.demo as demo
+    from tests._cli import run_cli
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(demo, "run_demo", lambda out, **k: seen.update(k))
+    rc, _, err = run_cli(["demo", *argv, "--out", str(tmp_path / "d")])
+    assert rc == 0, err
+    return int(seen["seeds"])
+
+
+def test_full_demo_defaults_to_three_seeds_quick_to_one(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fpsim.train.cli import DEFAULT_SEEDS, DEFAULT_SEEDS_QUICK
+
+    assert (DEFAULT_SEEDS, DEFAULT_SEEDS_QUICK) == (3, 1)
+    assert _seeds_passed([], tmp_path, monkeypatch) == 3          # the full report answers "beyond seed noise?"
+    assert _seeds_passed(["--steps", "5"], tmp_path, monkeypatch) == 3
+    assert _seeds_passed(["--quick"], tmp_path, monkeypatch) == 1  # a few minutes; its table says how to measure
+    assert _seeds_passed(["--quick", "--seeds", "3"], tmp_path, monkeypatch) == 3
+    assert _seeds_passed(["--seeds", "1"], tmp_path, monkeypatch) == 1
+
+
+def test_gemm_demo_defaults_to_one_seed(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("fpsim.train.bitexact") is None:
+        pytest.skip("no --gemm in this checkout")
+    assert _seeds_passed(["--gemm", "h100"], tmp_path, monkeypatch) == 1  # one seed by design, not refused

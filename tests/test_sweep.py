@@ -329,13 +329,13 @@ def test_demo_seeds_on_a_given_scheduler(cluster: Any, tiny_demo: None, tmp_path
 def test_demo_seeds_on_an_embedded_cluster_matches_the_one_seed_demo(tiny_demo: None, tmp_path: Any) -> None:
     pytest.importorskip("distributed")
     pols = "fp32,fp16-no-master,int4-ptq"
-    rc, _, err = run_cli(["demo", "--policies", pols, "--out", str(tmp_path / "one")])
+    rc, _, err = run_cli(["demo", "--seeds", "1", "--policies", pols, "--out", str(tmp_path / "one")])
     assert rc == 0, err
     rc, _, err = run_cli(["demo", "--seeds", "2", "--workers", "2", "--policies", pols, "--out", str(tmp_path / "two")])
     assert rc == 0, err
     one = json.loads((tmp_path / "one" / "metrics.json").read_text())
     two = json.loads((tmp_path / "two" / "metrics.json").read_text())
-    assert "seed_spread" not in one and "sweep" not in one  # the default demo is unchanged
+    assert "seed_spread" not in one and "sweep" not in one  # the one-seed demo is unchanged
     assert "2 worker processes" in two["sweep"]["where"]
     for p in pols.split(","):  # PTQ reuses fp32's weights in the one-seed demo and trains itself in a cell
         for k in ("final_loss", "final_train_loss", "grad_underflow_fraction", "lost_update_fraction",

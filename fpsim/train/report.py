@@ -340,8 +340,8 @@ def lesson_table(policies: Mapping[str, Any], spread: Mapping[str, Any] | None =
              "the verdict (*beyond seed noise* when the interval excludes 0; details in *Across seeds*)."
              if spread else
              "*beyond seed noise?*: not measured, this demo ran one seed, and one run per policy cannot tell an "
-             "effect from the seed; `fpsim demo --seeds 3` (or more) trains every policy over several seeds "
-             "and fills this column.") + "\n"),
+             "effect from the seed; the full `fpsim demo` trains 3 seeds by default, and `--seeds 3` (or more) "
+             "with `--quick` trains every policy over several seeds and fills this column.") + "\n"),
          f"| lesson | metric | A | B | A − B (seed {seed}) | beyond seed noise? |", "|---|---|---|---|---|---|"]
     for les in LESSONS:
         if les.a not in policies or les.b not in policies:
