@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import numpy as np
 
-__all__ = ["check_bool", "check_int", "check_real"]
+__all__ = ["check_bool", "check_int", "check_out", "check_real"]
 
 
 def _range_text(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) -> str:
@@ -69,3 +69,30 @@ def check_bool(value: object, what: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{what} must be a bool, got {type(value).__name__}: {value!r}")
     return bool(value)
+
+
+def check_out(out: object, shape: tuple[int, ...], dtype: Any, what: str = "out") -> np.ndarray:
+    """``out`` as the ndarray a function writes its result into, as NumPy ufuncs take ``out=``.
+
+    It must be a writeable :class:`numpy.ndarray` of exactly `shape` and `dtype` (no casting: the
+    result's bits are stored as they are). It may be one of the inputs (in-place operation); callers
+    read every input before they write.
+
+    >>> import numpy as np
+    >>> check_out(np.empty(3, np.float32), (3,), np.float32).shape
+    (3,)
+    >>> check_out(np.empty(3), (3,), np.float32)
+    Traceback (most recent call last):
+    ...
+    ValueError: out has dtype float64; this result is float32 (pass an array of that dtype)
+    """
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{what} must be a numpy.ndarray, got {type(out).__name__}: {out!r}")
+    want = np.dtype(dtype)
+    if out.dtype != want:
+        raise ValueError(f"{what} has dtype {out.dtype}; this result is {want} (pass an array of that dtype)")
+    if out.shape != tuple(shape):
+        raise ValueError(f"{what} has shape {out.shape}; this result has shape {tuple(shape)}")
+    if not out.flags.writeable:
+        raise ValueError(f"{what} is read-only")
+    return out

@@ -1,14 +1,29 @@
 /* The rounding kernel of fpsim/rounding.py, one element at a time in C (a single pass over memory).
  *
  * It is the same algorithm, step for step, as the NumPy reference `_kernel` in rounding.py, which
- * stays as the fallback and as the reference this kernel is tested against. Driven entirely by the
- * plan's numbers: no format is named here.
+ * stays as the fallback and as the reference this kernel is tested against. Driven by the plan's
+ * numbers; the common formats (bf16, fp16, fp8 e4m3/e5m2 in a float32 carrier, RNE/RTZ/SR, either
+ * overflow policy) also have copies of the same code with the plan's numbers as compile-time constants
+ * (`SPECS` below), chosen only when every number of the plan equals the copy's; RNE/RTZ of those into
+ * large outputs also have a non-temporal-store loop (`spec_nt`).
+ *
+ * One call may share the array among threads (static partition given by the caller: bits never depend
+ * on the thread count; a pool of worker threads kept between calls) with the GIL released; SR's random
+ * words come from a buffer, from NumPy bit generators (`bitgen_t` capsules) or from PCG64 stepped here
+ * from its state, always in element order: the words `rounding._random_words` would give.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <fenv.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#ifndef _WIN32
+#include <pthread.h>
+#define HAVE_THREADS 1
+#else
+#define HAVE_THREADS 0
+#endif
 
 enum { RNE = 0, RNA, RTZ, RUP, RDN, RTO, SR };
 
@@ -16,11 +31,18 @@ enum { RNE = 0, RNA, RTZ, RUP, RDN, RTO, SR };
  * reading the 1 from a volatile keeps the plain shift (and the float64 loop vectorized). */
 static volatile int opaque_one = 1;
 
-/* Blocks small enough for L1: pass 2 revisits only the blocks where pass 1 flagged an element. */
+/* Blocks small enough for L1 (SR's random words for one block are drawn into a buffer of this size). */
 #define BLK 2048
-#define BLOCKS(NAME, MODE_)                                                                       \
-    for (Py_ssize_t o = 0; o < n; o += BLK)                                                       \
-        NAME##_body(in + o, out + o, n - o < BLK ? n - o : BLK, p, rand ? rand + o : NULL, MODE_)
+#define MAX_JOBS 64 /* threads of one call */
+
+/* numpy/random/bitgen.h (NumPy's documented C API for bit generators, capsule name "BitGenerator") */
+typedef struct {
+    void *state;
+    uint64_t (*next_uint64)(void *st);
+    uint32_t (*next_uint32)(void *st);
+    double (*next_double)(void *st);
+    uint64_t (*next_raw)(void *st);
+} bitgen_t;
 
 typedef struct {
     int M, B, W;            /* carrier: mantissa bits, bias, width */
@@ -33,132 +55,141 @@ typedef struct {
     double q;               /* the subnormal quantum as a double */
 } plan_t;
 
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+/* x86-64-v4 (AVX-512 F/BW/DQ/VL) about halves the compute of the subnormal and SR paths where the CPU has
+ * it; GCC >= 11 knows the name. Integer and float32 additions only: the same bits in every clone. */
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__) && __GNUC__ >= 11
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#elif defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
 #define CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define CLONES
 #endif
 
-#define DEFINE_PASS1(NAME, UT, MODE_)                                                            \
-CLONES __attribute__((noinline)) static UT NAME##_pass1_##MODE_(                                  \
-    const UT *in, UT *out, Py_ssize_t n, const plan_t *p, const UT *rand)                        \
+/* Pass 1, branch-free so that it vectorizes: every element by the bit trick, with the number of dropped
+ * bits d growing by one per binade below the target's min normal (clamped to M); deep underflow,
+ * overflow, inf and NaN are blended in with masks. Its arguments are the plan's numbers: the generic
+ * copies pass them from the plan, the specialised ones as constants (folded by the compiler). */
+#define DEFINE_CORE(NAME, UT)                                                                     \
+static inline __attribute__((always_inline)) void NAME##_core(                                    \
+    const UT *in, UT *out, Py_ssize_t n, const UT *rand, const int MODE, const int WW, const int M,  \
+    const int d0, const int tinyE, const int srb, const UT hi, const UT maxb, const UT zs,         \
+    const UT hqb, const UT qb, const UT nanb, const UT infr, const UT nsat)                        \
 {                                                                                                 \
-    const int MODE = MODE_;                                                                       \
-    const UT SIGN = (UT)1 << (p->W - 1);                                                          \
-    const int M = p->M;                                                                           \
-    const int tinyE = p->need_tiny ? p->qexp + p->M - p->d0 + p->B : 1; /* carrier field of min normal */ \
-    const UT one = (UT)opaque_one, hi = (UT)p->inf_bits, maxb = (UT)p->max_bits;                 \
-    const int WW = p->W, srb = p->sr_bits;                                                        \
-    const UT zs = p->signed_zero ? ~(UT)0 : 0;                                                    \
-    const UT hqb = (UT)p->hq_bits, qb = (UT)p->minsub_bits, nanb = (UT)p->nan_bits;               \
-    const UT infr = p->has_inf ? hi : p->has_nan ? nanb : maxb, nsat = p->saturate ? 0 : ~(UT)0;  \
+    const UT SIGN = (UT)1 << (WW - 1);                                                            \
+    const UT one = (UT)opaque_one;                                                                \
     /* SR below the subnormals: bits of probability resolution, as in the reference kernel */     \
     const UT bits = (UT)(srb ? srb : (WW < 53 ? WW : 53)), rshift = (UT)WW - bits;                \
     const UT top = bits == (UT)WW ? (UT)0 : ((UT)1 << bits), mmask = ((UT)1 << M) - 1;           \
-        UT bad = 0;                                                                               \
-        for (Py_ssize_t i = 0; i < n; i++) {                                                      \
-            /* written with masks instead of ternaries so that the 64-bit loop if-converts too */    \
-            UT b = in[i], s = b & SIGN, u = b ^ s, r;                                             \
-            UT sm = (UT)0 - (UT)(s != 0);                    /* all ones for negative inputs */   \
-            UT ef = u >> M, eff = ef + (UT)(ef == 0);                                             \
-            UT gt = (UT)0 - (UT)((UT)tinyE > eff);                                                \
-            UT d = (UT)p->d0 + (((UT)tinyE - eff) & gt);                                          \
-            UT over = (UT)0 - (UT)(d > (UT)M);                                                    \
-            UT deep = over & ((UT)0 - (UT)(u != 0));                                                \
-            const UT draw = d;                                                                    \
-            d = (d & ~over) | ((UT)M & over);                                                     \
-            UT mask = (one << d) - one, keep = ~mask;                                             \
-            UT atm = (UT)0 - (UT)(d == (UT)M);                                                    \
-            UT lsb = (((u >> d) & one) & ~atm) | ((UT)(ef != 0) & atm);                           \
-            switch (MODE) {                                                                       \
-            case RNE: r = (u + (mask >> 1) + lsb) & keep; break;                                  \
-            case RNA: r = (u + (mask >> 1) + one) & keep; break;                                  \
-            case RTZ: r = u & keep; break;                                                        \
-            case RUP: r = (u + (mask & ~sm)) & keep; break;                                       \
-            case RDN: r = (u + (mask & sm)) & keep; break;                                        \
-            case RTO: r = (u & keep) | (((UT)((u & mask) != 0) & (lsb ^ one)) << d); break;       \
-            default: {                                                                            \
-                UT big = (UT)0 - ((UT)(srb != 0) & (UT)(d > (UT)srb));                                 \
-                UT k = (d - (UT)srb) & big;                                                       \
-                UT rk = (rand[i] >> (WW - d + k)) << k;                                           \
-                r = (((u >> k) << k) + rk) & keep;                                                \
-            }                                                                                     \
-            }                                                                                     \
-            /* below half the smallest subnormal: 0 or q, decided by one comparison (not for SR) */ \
-            if (MODE != SR) {                                                                     \
-                UT upd;                                                                           \
-                switch (MODE) {                                                                   \
-                case RNE: upd = (UT)0 - (UT)(u > hqb); break;                                     \
-                case RNA: upd = (UT)0 - (UT)(u >= hqb); break;                                    \
-                case RTZ: upd = 0; break;                                                         \
-                case RUP: upd = ~sm; break;                                                       \
-                case RDN: upd = sm; break;                                                        \
-                default: upd = ~(UT)0;                                                            \
-                }                                                                                 \
-                r = (r & ~deep) | (qb & upd & deep);                                              \
-            }                                                                                     \
-            if (MODE == SR) {                                                                     \
-                /* below half the smallest subnormal: up with probability x/q, from the exact */    \
-                /* significand (the same sums as the reference kernel: floor(x/q * 2^bits) + bits */ \
-                /* random bits >= 2^bits)                                                         */ \
-                UT m = (u & mmask) | ((UT)(ef != 0) << M);                                        \
-                UT rs = (UT)0 - (UT)(draw >= bits);                  /* shift right?          */  \
-                UT shr = (draw - bits) & rs, shl = (bits - draw) & ~rs;                           \
-                UT gone = (UT)0 - (UT)(shr > (UT)M);                 /* shifted out entirely  */  \
-                shr = (shr & ~gone) | ((UT)M & gone);                                             \
-                UT frac = ((m >> shr) & rs & ~gone) | ((m << shl) & ~rs);                         \
-                UT rr = rand[i] >> rshift;                                                        \
-                UT lim = top - frac;                                                              \
-                UT upd = (UT)0 - ((UT)(frac != 0) & (UT)(rr >= lim));                             \
-                r = (r & ~deep) | (qb & upd & deep);                                              \
-            }                                                                                     \
-            /* overflow and infinite inputs (r > max), NaN inputs (u > inf) */                    \
-            UT ovf = (UT)0 - (UT)(r > maxb);                                                      \
-            UT toinf;                                                                             \
-            switch (MODE) {                                                                       \
-            case RTZ: case RTO: toinf = 0; break;                                                 \
-            case RUP: toinf = ~sm; break;                                                         \
-            case RDN: toinf = sm; break;                                                          \
-            default: toinf = ~(UT)0;                                                              \
-            }                                                                                     \
-            toinf = (toinf | ((UT)0 - (UT)(u == hi))) & nsat;                                     \
-            r = (r & ~ovf) | (ovf & ((infr & toinf) | (maxb & ~toinf)));                          \
-            UT isnan = (UT)0 - (UT)(u > hi);                                                      \
-            r = (r & ~isnan) | (nanb & isnan);                                                    \
-            UT keep_s = (((UT)0 - (UT)(r != 0)) | zs) & ((UT)0 - (UT)(r <= hi));                  \
-            out[i] = r | (s & keep_s);                                                            \
+    for (Py_ssize_t i = 0; i < n; i++) {                                                          \
+        /* written with masks instead of ternaries so that the 64-bit loop if-converts too */       \
+        UT b = in[i], s = b & SIGN, u = b ^ s, r;                                                 \
+        UT sm = (UT)0 - (UT)(s != 0);                    /* all ones for negative inputs */       \
+        UT ef = u >> M, eff = ef + (UT)(ef == 0);                                                 \
+        UT gt = (UT)0 - (UT)((UT)tinyE > eff);                /* never when tinyE is 1 */        \
+        UT d = tinyE > 1 ? (UT)d0 + (((UT)tinyE - eff) & gt) : (UT)d0;                            \
+        UT over = (UT)0 - (UT)(d > (UT)M);                                                        \
+        UT deep = over & ((UT)0 - (UT)(u != 0));                                                  \
+        const UT draw = d;                                                                        \
+        d = (d & ~over) | ((UT)M & over);                                                         \
+        UT mask = (one << d) - one, keep = ~mask;                                                 \
+        UT atm = (UT)0 - (UT)(d == (UT)M);                                                        \
+        UT lsb = (((u >> d) & one) & ~atm) | ((UT)(ef != 0) & atm);                               \
+        switch (MODE) {                                                                           \
+        case RNE: r = (u + (mask >> 1) + lsb) & keep; break;                                      \
+        case RNA: r = (u + (mask >> 1) + one) & keep; break;                                      \
+        case RTZ: r = u & keep; break;                                                            \
+        case RUP: r = (u + (mask & ~sm)) & keep; break;                                           \
+        case RDN: r = (u + (mask & sm)) & keep; break;                                            \
+        case RTO: r = (u & keep) | (((UT)((u & mask) != 0) & (lsb ^ one)) << d); break;           \
+        default: {                                                                                \
+            UT big = (UT)0 - ((UT)(srb != 0) & (UT)(d > (UT)srb));                                \
+            UT k = (d - (UT)srb) & big;                                                           \
+            UT rk = (rand[i] >> (WW - d + k)) << k;                                               \
+            r = (((u >> k) << k) + rk) & keep;                                                    \
         }                                                                                         \
-        return bad;                                                                               \
+        }                                                                                         \
+        /* below half the smallest subnormal: 0 or q, decided by one comparison (not for SR) */   \
+        if (MODE != SR) {                                                                         \
+            UT upd;                                                                               \
+            switch (MODE) {                                                                       \
+            case RNE: upd = (UT)0 - (UT)(u > hqb); break;                                         \
+            case RNA: upd = (UT)0 - (UT)(u >= hqb); break;                                        \
+            case RTZ: upd = 0; break;                                                             \
+            case RUP: upd = ~sm; break;                                                           \
+            case RDN: upd = sm; break;                                                            \
+            default: upd = ~(UT)0;                                                                \
+            }                                                                                     \
+            r = (r & ~deep) | (qb & upd & deep);                                                  \
+        }                                                                                         \
+        if (MODE == SR) {                                                                         \
+            /* below half the smallest subnormal: up with probability x/q, from the exact */        \
+            /* significand (the same sums as the reference kernel: floor(x/q * 2^bits) + bits */     \
+            /* random bits >= 2^bits)                                                         */     \
+            UT m = (u & mmask) | ((UT)(ef != 0) << M);                                            \
+            UT rs = (UT)0 - (UT)(draw >= bits);                  /* shift right?          */      \
+            UT shr = (draw - bits) & rs, shl = (bits - draw) & ~rs;                               \
+            UT gone = (UT)0 - (UT)(shr > (UT)M);                 /* shifted out entirely  */      \
+            shr = (shr & ~gone) | ((UT)M & gone);                                                 \
+            UT frac = ((m >> shr) & rs & ~gone) | ((m << shl) & ~rs);                             \
+            UT rr = rand[i] >> rshift;                                                            \
+            UT lim = top - frac;                                                                  \
+            UT upd = (UT)0 - ((UT)(frac != 0) & (UT)(rr >= lim));                                 \
+            r = (r & ~deep) | (qb & upd & deep);                                                  \
+        }                                                                                         \
+        /* overflow and infinite inputs (r > max), NaN inputs (u > inf) */                        \
+        UT ovf = (UT)0 - (UT)(r > maxb);                                                          \
+        UT toinf;                                                                                 \
+        switch (MODE) {                                                                           \
+        case RTZ: case RTO: toinf = 0; break;                                                     \
+        case RUP: toinf = ~sm; break;                                                             \
+        case RDN: toinf = sm; break;                                                              \
+        default: toinf = ~(UT)0;                                                                  \
+        }                                                                                         \
+        toinf = (toinf | ((UT)0 - (UT)(u == hi))) & nsat;                                         \
+        r = (r & ~ovf) | (ovf & ((infr & toinf) | (maxb & ~toinf)));                              \
+        UT isnan = (UT)0 - (UT)(u > hi);                                                          \
+        r = (r & ~isnan) | (nanb & isnan);                                                        \
+        UT keep_s = (((UT)0 - (UT)(r != 0)) | zs) & ((UT)0 - (UT)(r <= hi));                      \
+        out[i] = r | (s & keep_s);                                                                \
+    }                                                                                             \
 }
 
-#define DEFINE_KERNEL(NAME, UT, FT)                                                               \
-static inline __attribute__((always_inline)) void NAME##_body(                                    \
+/* The core's arguments derived from a plan (the specialised copies are chosen by comparing these). */
+typedef struct {
+    int mode, W, M, d0, tinyE, srb;
+    uint64_t hi, maxb, zs, hqb, qb, nanb, infr, nsat;
+} core_args_t;
+
+static void core_args(const plan_t *p, core_args_t *a)
+{
+    uint64_t ones = p->W == 32 ? 0xffffffffULL : ~0ULL;
+    a->mode = p->mode; a->W = p->W; a->M = p->M; a->d0 = p->d0;
+    a->tinyE = p->need_tiny ? p->qexp + p->M - p->d0 + p->B : 1; /* carrier field of min normal */
+    a->srb = p->sr_bits;
+    a->hi = p->inf_bits; a->maxb = p->max_bits; a->zs = p->signed_zero ? ones : 0;
+    a->hqb = p->hq_bits; a->qb = p->minsub_bits; a->nanb = p->nan_bits;
+    a->infr = p->has_inf ? p->inf_bits : p->has_nan ? p->nan_bits : p->max_bits;
+    a->nsat = p->saturate ? 0 : ones;
+}
+
+#define DEFINE_PASS1(NAME, UT, MODE_)                                                             \
+CLONES __attribute__((noinline)) static void NAME##_pass1_##MODE_(                                \
+    const UT *in, UT *out, Py_ssize_t n, const core_args_t *a, const UT *rand)                   \
+{                                                                                                 \
+    NAME##_core(in, out, n, rand, MODE_, a->W, a->M, a->d0, a->tinyE, a->srb, (UT)a->hi,         \
+                (UT)a->maxb, (UT)a->zs, (UT)a->hqb, (UT)a->qb, (UT)a->nanb, (UT)a->infr,         \
+                (UT)a->nsat);                                                                     \
+}
+
+/* The general per-element path for what pass 1 does not cover (unsigned formats, flush to zero,
+ * formats at least as wide as the carrier): the reference kernel's steps one by one. */
+#define DEFINE_SLOW(NAME, UT, FT)                                                                 \
+static inline __attribute__((always_inline)) void NAME##_slow_body(                               \
     const UT *in, UT *out, Py_ssize_t n, const plan_t *p, const UT *rand, const int MODE)        \
 {                                                                                                 \
     const UT SIGN = (UT)1 << (p->W - 1);                                                          \
     const int M = p->M;                                                                           \
-    /* pass 1, branch-free so that it vectorizes: every element by the bit trick, with the number of */ \
-    /* dropped bits d growing by one per binade below the target's min normal (clamped to M here);  */ \
-    /* deep underflow, overflow, inf and NaN are blended in with masks; only SR's deep underflow   */ \
-    /* (a probability from the value) is left to pass 2.                                            */ \
-    const int fast_ok = p->is_signed && !p->ftz && p->d0 >= 1;                                   \
     const UT one = (UT)opaque_one;                                                                \
-    if (fast_ok) {                                                                                \
-        UT bad;                                                                                   \
-        switch (MODE) {                                                                           \
-        case RNE: bad = NAME##_pass1_RNE(in, out, n, p, rand); break;                             \
-        case RNA: bad = NAME##_pass1_RNA(in, out, n, p, rand); break;                             \
-        case RTZ: bad = NAME##_pass1_RTZ(in, out, n, p, rand); break;                             \
-        case RUP: bad = NAME##_pass1_RUP(in, out, n, p, rand); break;                             \
-        case RDN: bad = NAME##_pass1_RDN(in, out, n, p, rand); break;                             \
-        case RTO: bad = NAME##_pass1_RTO(in, out, n, p, rand); break;                             \
-        default: bad = NAME##_pass1_SR(in, out, n, p, rand);                                      \
-        }                                                                                         \
-        (void)bad;                                                                                \
-        return;                                                                                   \
-    }                                                                                             \
-    /* otherwise (unsigned formats, flush to zero, formats wider than the carrier): the general */ \
-    /* per-element path, the reference kernel's steps one by one                                 */ \
     for (Py_ssize_t i = 0; i < n; i++) {                                                          \
         UT b = in[i], s = b & SIGN, u = b ^ s, r;                                                 \
         int neg = s != 0;                                                                         \
@@ -192,7 +223,7 @@ static inline __attribute__((always_inline)) void NAME##_body(                  
             }                                                                                     \
             r = up ? (UT)p->minsub_bits : 0;                                                      \
         } else {                                                                                  \
-            UT mask = (one << d) - one, keep = ~mask;                                              \
+            UT mask = (one << d) - one, keep = ~mask;                                             \
             UT lsb = d < M ? (u >> d) & one : ((u >> d) ? one : 0);                               \
             switch (MODE) {                                                                       \
             case RNE: r = (u + ((one << (d - 1)) - one) + lsb) & keep; break;                     \
@@ -246,36 +277,510 @@ static inline __attribute__((always_inline)) void NAME##_body(                  
         if (!p->signed_zero && r == 0) s = 0;                                                     \
         out[i] = r | s;                                                                           \
     }                                                                                             \
-}                                                                                                 \
-CLONES static void NAME(const UT *in, UT *out, Py_ssize_t n, const plan_t *p, const UT *rand)    \
-{                                                                                                 \
-    switch (p->mode) {                                                                            \
-    case RNE: BLOCKS(NAME, RNE); break;                                       \
-    case RNA: BLOCKS(NAME, RNA); break;                                       \
-    case RTZ: BLOCKS(NAME, RTZ); break;                                       \
-    case RUP: BLOCKS(NAME, RUP); break;                                       \
-    case RDN: BLOCKS(NAME, RDN); break;                                       \
-    case RTO: BLOCKS(NAME, RTO); break;                                       \
-    default: BLOCKS(NAME, SR);                                                \
-    }                                                                                             \
 }
 
-DEFINE_PASS1(kernel32, uint32_t, RNE)
-DEFINE_PASS1(kernel32, uint32_t, RNA)
-DEFINE_PASS1(kernel32, uint32_t, RTZ)
-DEFINE_PASS1(kernel32, uint32_t, RUP)
-DEFINE_PASS1(kernel32, uint32_t, RDN)
-DEFINE_PASS1(kernel32, uint32_t, RTO)
-DEFINE_PASS1(kernel32, uint32_t, SR)
-DEFINE_PASS1(kernel64, uint64_t, RNE)
-DEFINE_PASS1(kernel64, uint64_t, RNA)
-DEFINE_PASS1(kernel64, uint64_t, RTZ)
-DEFINE_PASS1(kernel64, uint64_t, RUP)
-DEFINE_PASS1(kernel64, uint64_t, RDN)
-DEFINE_PASS1(kernel64, uint64_t, RTO)
-DEFINE_PASS1(kernel64, uint64_t, SR)
-DEFINE_KERNEL(kernel32, uint32_t, float)
-DEFINE_KERNEL(kernel64, uint64_t, double)
+#define DEFINE_SLOW_MODE(NAME, UT, MODE_)                                                         \
+CLONES __attribute__((noinline)) static void NAME##_slow_##MODE_(                                 \
+    const UT *in, UT *out, Py_ssize_t n, const plan_t *p, const UT *rand)                        \
+{                                                                                                 \
+    NAME##_slow_body(in, out, n, p, rand, MODE_);                                                 \
+}
+
+#define DEFINE_ALL(NAME, UT, FT)                                                                  \
+    DEFINE_CORE(NAME, UT)                                                                         \
+    DEFINE_PASS1(NAME, UT, RNE) DEFINE_PASS1(NAME, UT, RNA) DEFINE_PASS1(NAME, UT, RTZ)          \
+    DEFINE_PASS1(NAME, UT, RUP) DEFINE_PASS1(NAME, UT, RDN) DEFINE_PASS1(NAME, UT, RTO)          \
+    DEFINE_PASS1(NAME, UT, SR)                                                                    \
+    DEFINE_SLOW(NAME, UT, FT)                                                                     \
+    DEFINE_SLOW_MODE(NAME, UT, RNE) DEFINE_SLOW_MODE(NAME, UT, RNA) DEFINE_SLOW_MODE(NAME, UT, RTZ) \
+    DEFINE_SLOW_MODE(NAME, UT, RUP) DEFINE_SLOW_MODE(NAME, UT, RDN) DEFINE_SLOW_MODE(NAME, UT, RTO) \
+    DEFINE_SLOW_MODE(NAME, UT, SR)
+
+DEFINE_ALL(kernel32, uint32_t, float)
+DEFINE_ALL(kernel64, uint64_t, double)
+
+/* ---- Specialised copies: float32 carrier, the core with every plan number a constant.
+ * SPEC(tag, mode, d0, tinyE, maxb, qb, hqb, infr, nsat): signed formats with signed zero, subnormals kept,
+ * exact SR (sr_bits 0); hi = +inf, nanb = the canonical NaN (0x7fc00000). */
+#define SPECS(X)                                                                                  \
+    X(bf16_rne, RNE, 16, 1, 0x7f7f0000u, 0x00010000u, 0x00008000u, 0x7f800000u, 0xffffffffu)     \
+    X(bf16_rtz, RTZ, 16, 1, 0x7f7f0000u, 0x00010000u, 0x00008000u, 0x7f800000u, 0xffffffffu)     \
+    X(bf16_sr,  SR,  16, 1, 0x7f7f0000u, 0x00010000u, 0x00008000u, 0x7f800000u, 0xffffffffu)     \
+    X(fp16_rne, RNE, 13, 113, 0x477fe000u, 0x33800000u, 0x33000000u, 0x7f800000u, 0xffffffffu)   \
+    X(fp16_rtz, RTZ, 13, 113, 0x477fe000u, 0x33800000u, 0x33000000u, 0x7f800000u, 0xffffffffu)   \
+    X(fp16_sr,  SR,  13, 113, 0x477fe000u, 0x33800000u, 0x33000000u, 0x7f800000u, 0xffffffffu)   \
+    X(e4m3_rne, RNE, 20, 121, 0x43e00000u, 0x3b000000u, 0x3a800000u, 0x7fc00000u, 0xffffffffu)   \
+    X(e4m3_rtz, RTZ, 20, 121, 0x43e00000u, 0x3b000000u, 0x3a800000u, 0x7fc00000u, 0xffffffffu)   \
+    X(e4m3_sr,  SR,  20, 121, 0x43e00000u, 0x3b000000u, 0x3a800000u, 0x7fc00000u, 0xffffffffu)   \
+    X(e4m3_rne_sat, RNE, 20, 121, 0x43e00000u, 0x3b000000u, 0x3a800000u, 0x7fc00000u, 0u)        \
+    X(e4m3_sr_sat,  SR,  20, 121, 0x43e00000u, 0x3b000000u, 0x3a800000u, 0x7fc00000u, 0u)        \
+    X(e5m2_rne, RNE, 21, 113, 0x47600000u, 0x37800000u, 0x37000000u, 0x7f800000u, 0xffffffffu)   \
+    X(e5m2_rtz, RTZ, 21, 113, 0x47600000u, 0x37800000u, 0x37000000u, 0x7f800000u, 0xffffffffu)   \
+    X(e5m2_sr,  SR,  21, 113, 0x47600000u, 0x37800000u, 0x37000000u, 0x7f800000u, 0xffffffffu)   \
+    X(e5m2_rne_sat, RNE, 21, 113, 0x47600000u, 0x37800000u, 0x37000000u, 0x7f800000u, 0u)        \
+    X(e5m2_sr_sat,  SR,  21, 113, 0x47600000u, 0x37800000u, 0x37000000u, 0x7f800000u, 0u)
+
+/* RNE and RTZ with a subnormal grid above the carrier's (tinyE > 1): the normal results by the bit trick
+ * with the constant d0; magnitudes below the target's min normal by float arithmetic on the fixed grid
+ * of the quantum q: (x + C) - C with C = q * 2**23 (ulp(C) = q, x + C < 2C: one correctly rounded float32
+ * addition, under the IEEE environment the caller runs in), one step of q down where that rounded up for
+ * RTZ. The same results as the core's variable d (the identity tests check all 2**16 high halves). */
+static inline __attribute__((always_inline)) void spec32_tiny(
+    const uint32_t *in, uint32_t *out, Py_ssize_t n, const int MODE, const int d0, const uint32_t tinyb,
+    const float C, const float Q, const uint32_t maxb, const uint32_t infr, const uint32_t nsat)
+{
+    const uint32_t SIGN = 0x80000000u, hi = 0x7f800000u, nanb = 0x7fc00000u;
+    const uint32_t maskc = (1u << d0) - 1u;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint32_t b = in[i], s = b & SIGN, u = b ^ s, r, rt;
+        if (MODE == RNE)
+            r = (u + (maskc >> 1) + ((u >> d0) & 1u)) & ~maskc;
+        else
+            r = u & ~maskc;
+        float f, t;
+        memcpy(&f, &u, 4);
+        t = (f + C) - C;
+        if (MODE == RTZ)
+            t = t > f ? t - Q : t;
+        memcpy(&rt, &t, 4);
+        uint32_t tiny = 0u - (uint32_t)(u < tinyb);
+        r = (r & ~tiny) | (rt & tiny);
+        uint32_t ovf = 0u - (uint32_t)(r > maxb);
+        uint32_t toinf = (MODE == RTZ ? 0u : ~0u);
+        toinf = (toinf | (0u - (uint32_t)(u == hi))) & nsat;
+        r = (r & ~ovf) | (ovf & ((infr & toinf) | (maxb & ~toinf)));
+        uint32_t isnan = 0u - (uint32_t)(u > hi);
+        r = (r & ~isnan) | (nanb & isnan);
+        out[i] = r | (s & (0u - (uint32_t)(r <= hi)));
+    }
+}
+
+/* SR (exact, sr_bits 0) with a subnormal grid above the carrier's: normal results by the bit trick with
+ * the constant d0; below the target's min normal, with t = x/q (exact: a power-of-two scaling), k = floor(t)
+ * and F = floor((t - k) * 2**32) (the remainder below the grid; every step exact in float32), the result is
+ * (k + 1) q iff F + rand >= 2**32, else k q. That is the reference kernel's rule in both of its cases:
+ * adding rand >> (32 - d) to the d dropped bits carries iff (those bits << (32 - d)) + rand >= 2**32, and
+ * below q, floor(x/q * 2**32) + rand >= 2**32. */
+static inline __attribute__((always_inline)) void spec32_sr_tiny(
+    const uint32_t *in, uint32_t *out, Py_ssize_t n, const uint32_t *rand, const int d0, const uint32_t tinyb,
+    const float Qinv, const float Q, const uint32_t maxb, const uint32_t infr, const uint32_t nsat)
+{
+    const uint32_t SIGN = 0x80000000u, hi = 0x7f800000u, nanb = 0x7fc00000u;
+    const uint32_t maskc = (1u << d0) - 1u;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint32_t b = in[i], s = b & SIGN, u = b ^ s, rw = rand[i], r, rt;
+        r = (u + (rw >> (32 - d0))) & ~maskc;
+        uint32_t tiny = 0u - (uint32_t)(u < tinyb);
+        uint32_t ut = u & tiny; /* the float steps see only the magnitudes they serve: t < 2**mbits */
+        float f, t, kf, fr;
+        memcpy(&f, &ut, 4);
+        t = f * Qinv;
+        kf = (float)(int32_t)t;
+        fr = t - kf;
+        /* F in two 16-bit halves: signed conversions only (they vectorize without AVX-512) */
+        float f16 = fr * 65536.0f, h = (float)(int32_t)f16;
+        uint32_t F = ((uint32_t)(int32_t)h << 16) | (uint32_t)(int32_t)((f16 - h) * 65536.0f);
+        int32_t up = (int32_t)((uint32_t)(F != 0) & (uint32_t)(rw >= 0u - F));
+        float res = (kf + (float)up) * Q;
+        memcpy(&rt, &res, 4);
+        r = (r & ~tiny) | (rt & tiny);
+        uint32_t ovf = 0u - (uint32_t)(r > maxb);
+        uint32_t toinf = (~0u | (0u - (uint32_t)(u == hi))) & nsat;
+        r = (r & ~ovf) | (ovf & ((infr & toinf) | (maxb & ~toinf)));
+        uint32_t isnan = 0u - (uint32_t)(u > hi);
+        r = (r & ~isnan) | (nanb & isnan);
+        out[i] = r | (s & (0u - (uint32_t)(r <= hi)));
+    }
+}
+
+#define SPEC_FN(TAG, MODE_, D0, TINYE, MAXB, QB, HQB, INFR, NSAT)                                 \
+CLONES __attribute__((noinline)) static void spec_##TAG(                                          \
+    const uint32_t *in, uint32_t *out, Py_ssize_t n, const core_args_t *a, const uint32_t *rand) \
+{                                                                                                 \
+    (void)a;                                                                                      \
+    if ((MODE_ == RNE || MODE_ == RTZ) && TINYE > 1) {                                            \
+        /* C = q * 2**23: q's exponent field + 23, from the bits of q (a float32 normal here) */   \
+        const uint32_t cb = (QB) + (23u << 23); float C, Q; const uint32_t qb = (QB);              \
+        memcpy(&C, &cb, 4); memcpy(&Q, &qb, 4);                                                   \
+        spec32_tiny(in, out, n, MODE_, D0, (uint32_t)(TINYE) << 23, C, Q, MAXB, INFR, NSAT);     \
+        return;                                                                                   \
+    }                                                                                             \
+    if (MODE_ == SR && TINYE > 1) {                                                               \
+        /* 1/q: the exponent field of q negated about the bias (q, 1/q float32 normals here) */    \
+        const uint32_t qb = (QB), ib = (uint32_t)(254u - ((QB) >> 23)) << 23; float Q, Qi;         \
+        memcpy(&Q, &qb, 4); memcpy(&Qi, &ib, 4);                                                  \
+        spec32_sr_tiny(in, out, n, rand, D0, (uint32_t)(TINYE) << 23, Qi, Q, MAXB, INFR, NSAT);  \
+        return;                                                                                   \
+    }                                                                                             \
+    kernel32_core(in, out, n, rand, MODE_, 32, 23, D0, TINYE, 0, 0x7f800000u, MAXB, 0xffffffffu, \
+                  HQB, QB, 0x7fc00000u, INFR, NSAT);                                              \
+}
+SPECS(SPEC_FN)
+
+typedef void (*fn32_t)(const uint32_t *, uint32_t *, Py_ssize_t, const core_args_t *, const uint32_t *);
+typedef struct { const char *tag; fn32_t fn; core_args_t a; } spec_t;
+#define SPEC_ROW(TAG, MODE_, D0, TINYE, MAXB, QB, HQB, INFR, NSAT)                                \
+    {#TAG, spec_##TAG, {MODE_, 32, 23, D0, TINYE, 0, 0x7f800000u, MAXB, 0xffffffffu, HQB, QB,     \
+                        0x7fc00000u, INFR, NSAT}},
+static const spec_t spec_table[] = {SPECS(SPEC_ROW)};
+#define N_SPECS ((int)(sizeof spec_table / sizeof spec_table[0]))
+
+static int same_args(const core_args_t *x, const core_args_t *y)
+{
+    return x->mode == y->mode && x->W == y->W && x->M == y->M && x->d0 == y->d0 && x->tinyE == y->tinyE &&
+           x->srb == y->srb && x->hi == y->hi && x->maxb == y->maxb && x->zs == y->zs && x->hqb == y->hqb &&
+           x->qb == y->qb && x->nanb == y->nanb && x->infr == y->infr && x->nsat == y->nsat;
+}
+
+/* Which specialised copy serves the plan (index into spec_table), -1: the generic code. Pass 1 serves
+ * signed formats without flush to zero that drop at least one bit. */
+static int fast_ok(const plan_t *p) { return p->is_signed && !p->ftz && p->d0 >= 1; }
+
+static int find_spec(const plan_t *p, const core_args_t *a)
+{
+    if (!fast_ok(p) || p->W != 32)
+        return -1;
+    for (int k = 0; k < N_SPECS; k++)
+        if (same_args(a, &spec_table[k].a))
+            return k;
+    return -1;
+}
+
+/* ---- PCG64 (NumPy's default bit generator, XSL-RR 128/64) inline, from the state its `state` property
+ * gives: the same next_uint64 words (step, then output), four interleaved lanes so that the 128-bit
+ * multiplications do not wait on each other, and any thread's start reached by jumping ahead
+ * (s -> A s + C, Brown's algorithm, as PCG64.advance). */
+#if defined(__SIZEOF_INT128__)
+#define HAVE_PCG64 1
+typedef unsigned __int128 u128;
+#define PCG_MULT (((u128)0x2360ED051FC65DA4ULL << 64) | (u128)0x4385DF649FCCF645ULL)
+typedef struct { u128 inc, a[4], c[4]; } pcg_jumps_t; /* a[j], c[j]: j + 1 steps */
+
+static void lcg_jump(u128 delta, u128 mult, u128 plus, u128 *am, u128 *ap)
+{
+    u128 acc_mult = 1, acc_plus = 0;
+    while (delta > 0) {
+        if (delta & 1) {
+            acc_mult *= mult;
+            acc_plus = acc_plus * mult + plus;
+        }
+        plus = (mult + 1) * plus;
+        mult *= mult;
+        delta >>= 1;
+    }
+    *am = acc_mult;
+    *ap = acc_plus;
+}
+
+static inline uint64_t pcg_out(u128 s)
+{
+    uint64_t v = (uint64_t)(s >> 64) ^ (uint64_t)s;
+    unsigned r = (unsigned)(s >> 122);
+    return (v >> r) | (v << ((-r) & 63u));
+}
+
+static void pcg_fill(u128 *state, uint64_t *out, Py_ssize_t k, const pcg_jumps_t *J)
+{
+    u128 st = *state;
+    Py_ssize_t w = 0;
+    if (k >= 4) {
+        u128 l0 = J->a[0] * st + J->c[0], l1 = J->a[1] * st + J->c[1];
+        u128 l2 = J->a[2] * st + J->c[2], l3 = J->a[3] * st + J->c[3];
+        for (; w + 4 <= k; w += 4) {
+            out[w] = pcg_out(l0); out[w + 1] = pcg_out(l1); out[w + 2] = pcg_out(l2); out[w + 3] = pcg_out(l3);
+            st = l3;
+            l0 = J->a[3] * l0 + J->c[3]; l1 = J->a[3] * l1 + J->c[3];
+            l2 = J->a[3] * l2 + J->c[3]; l3 = J->a[3] * l3 + J->c[3];
+        }
+    }
+    for (; w < k; w++) {
+        st = PCG_MULT * st + J->inc;
+        out[w] = pcg_out(st);
+    }
+    *state = st;
+}
+#else
+#define HAVE_PCG64 0
+#endif
+
+/* ---- One job: a contiguous range of elements, block by block. */
+typedef struct {
+    const plan_t *p;
+    const core_args_t *a;
+    int spec;
+    const void *in;
+    void *out;
+    Py_ssize_t n;
+    const void *rand;   /* random words for these elements, or NULL */
+    bitgen_t *bg;       /* or draw them from here (element order), or NULL */
+#if HAVE_PCG64
+    int pcg;            /* or from this PCG64 state (the state before this job's first word) */
+    u128 pst;
+    const pcg_jumps_t *J;
+#endif
+    int set_env;        /* a worker thread: take the caller's floating-point environment */
+    int nt;             /* RNE/RTZ of a specialised format by spec_nt (non-temporal stores) */
+    fenv_t env;
+} job_t;
+
+typedef void (*fn64_t)(const uint64_t *, uint64_t *, Py_ssize_t, const core_args_t *, const uint64_t *);
+
+/* ---- RNE/RTZ of the specialised formats with non-temporal stores, for outputs too large for the cache:
+ * the result goes straight to memory instead of first reading each output line in (about 20% less memory
+ * traffic than a plain store, and than np.copyto). The same steps as spec_* (the core's constants; below
+ * the min normal, the (x + C) - C of spec32_tiny), in AVX-512 where the CPU has it; out 64-byte aligned,
+ * n a multiple of 16 (the caller does the ends with the plain copy). */
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__) && __GNUC__ >= 11
+#include <immintrin.h>
+#define HAVE_NT 1
+__attribute__((target("avx512f"))) static void spec_nt(const uint32_t *in, uint32_t *out, Py_ssize_t n,
+                                                       const core_args_t *a)
+{
+    const int rne = a->mode == RNE, tiny = a->tinyE > 1;
+    const uint32_t maskc = (1u << a->d0) - 1u, cb = (uint32_t)a->qb + (23u << 23);
+    const __m128i d0 = _mm_cvtsi32_si128(a->d0);
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u), mag = _mm512_set1_epi32(0x7fffffff);
+    const __m512i half = _mm512_set1_epi32((int)(maskc >> 1)), one = _mm512_set1_epi32(1);
+    const __m512i keep = _mm512_set1_epi32((int)~maskc), maxb = _mm512_set1_epi32((int)a->maxb);
+    const __m512i inf = _mm512_set1_epi32(0x7f800000), nan = _mm512_set1_epi32((int)a->nanb);
+    const __m512i infr = _mm512_set1_epi32((int)a->infr), tinyb = _mm512_set1_epi32((int)((uint32_t)a->tinyE << 23));
+    const __m512 C = _mm512_castsi512_ps(_mm512_set1_epi32((int)cb));
+    const __m512 Q = _mm512_castsi512_ps(_mm512_set1_epi32((int)a->qb));
+    const int sat = a->nsat == 0;
+    for (Py_ssize_t i = 0; i < n; i += 16) {
+        __m512i b = _mm512_loadu_si512((const void *)(in + i));
+        __m512i u = _mm512_and_si512(b, mag), s = _mm512_and_si512(b, sign), r;
+        if (rne)
+            r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, half),
+                                                  _mm512_and_si512(_mm512_srl_epi32(u, d0), one)), keep);
+        else
+            r = _mm512_and_si512(u, keep);
+        if (tiny) {
+            __m512 f = _mm512_castsi512_ps(u), t = _mm512_sub_ps(_mm512_add_ps(f, C), C);
+            if (!rne)
+                t = _mm512_mask_sub_ps(t, _mm512_cmp_ps_mask(t, f, _CMP_GT_OQ), t, Q);
+            r = _mm512_mask_mov_epi32(r, _mm512_cmplt_epu32_mask(u, tinyb), _mm512_castps_si512(t));
+        }
+        /* r > max: infinity or NaN (RNE; RTZ only for an infinite input; never when saturating), else
+         * max; u > inf: NaN; the sign unless NaN */
+        __mmask16 ovf = _mm512_cmpgt_epu32_mask(r, maxb);
+        r = _mm512_mask_mov_epi32(r, ovf, maxb);
+        if (!sat)
+            r = _mm512_mask_mov_epi32(r, rne ? ovf : (__mmask16)(ovf & _mm512_cmpeq_epi32_mask(u, inf)), infr);
+        r = _mm512_mask_mov_epi32(r, _mm512_cmpgt_epu32_mask(u, inf), nan);
+        r = _mm512_or_si512(r, _mm512_maskz_mov_epi32(_mm512_cmple_epu32_mask(r, inf), s));
+        _mm512_stream_si512((void *)(out + i), r);
+    }
+    _mm_sfence();
+}
+#else
+#define HAVE_NT 0
+#endif
+/* Outputs of at least this many bytes take the non-temporal path (where there is one). */
+static Py_ssize_t nt_min_bytes = (Py_ssize_t)16 << 20; /* beyond a typical L3 share */
+typedef void (*slow32_t)(const uint32_t *, uint32_t *, Py_ssize_t, const plan_t *, const uint32_t *);
+typedef void (*slow64_t)(const uint64_t *, uint64_t *, Py_ssize_t, const plan_t *, const uint64_t *);
+
+#if HAVE_PCG64
+#define PCG_ON(j) ((j)->pcg)
+#else
+#define PCG_ON(j) 0
+#endif
+
+static void draw(job_t *j, uint64_t *w, Py_ssize_t k)
+{
+#if HAVE_PCG64
+    if (j->pcg) {
+        pcg_fill(&j->pst, w, k, j->J);
+        return;
+    }
+#endif
+    for (Py_ssize_t i = 0; i < k; i++)
+        w[i] = j->bg->next_uint64(j->bg->state);
+}
+
+/* Elements before out reaches a 64-byte boundary (NumPy's large arrays start 16 bytes past one): the
+ * rest is then stored in whole cache lines. Even where words are drawn here (a float32 carrier's word
+ * pairs stay pairs), else none. */
+static Py_ssize_t HEAD(const void *out, Py_ssize_t isz, Py_ssize_t n, int drawn)
+{
+    Py_ssize_t h = (Py_ssize_t)(((64u - ((uintptr_t)out & 63u)) & 63u) / (uintptr_t)isz);
+    if (h > n)
+        h = n;
+    return drawn && (h & 1) ? 0 : h;
+}
+
+static void run_job(job_t *j)
+{
+    const plan_t *p = j->p;
+    uint64_t rbuf[BLK];     /* one block's random words */
+    uint32_t rbuf32[BLK];   /* float32 carrier: each 64-bit word as two halves, in .view(np.uint32)'s order */
+    int m = p->mode;
+    if (p->W == 32) {
+        static const fn32_t pass[7] = {kernel32_pass1_RNE, kernel32_pass1_RNA, kernel32_pass1_RTZ,
+                                       kernel32_pass1_RUP, kernel32_pass1_RDN, kernel32_pass1_RTO,
+                                       kernel32_pass1_SR};
+        static const slow32_t slow[7] = {kernel32_slow_RNE, kernel32_slow_RNA, kernel32_slow_RTZ,
+                                         kernel32_slow_RUP, kernel32_slow_RDN, kernel32_slow_RTO,
+                                         kernel32_slow_SR};
+        fn32_t f = j->spec >= 0 ? spec_table[j->spec].fn : fast_ok(p) ? pass[m] : NULL;
+        const uint32_t *in = j->in, *rand = j->rand;
+        uint32_t *out = j->out;
+        const int drawn = j->bg || PCG_ON(j);
+        const Py_ssize_t blk = drawn ? BLK : j->n; /* blocks only where the random words are drawn here */
+        Py_ssize_t head = HEAD(out, 4, j->n, drawn);
+        for (Py_ssize_t o = 0, k; o < j->n; o += k) {
+            k = o == 0 && head ? head : j->n - o < blk ? j->n - o : blk;
+            const uint32_t *r = rand ? rand + o : NULL;
+            if (j->bg || PCG_ON(j)) {
+                draw(j, rbuf, (k + 1) / 2);
+                for (Py_ssize_t w = 0; w < (k + 1) / 2; w++) {
+                    uint64_t x = rbuf[w];
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+                    rbuf32[2 * w] = (uint32_t)(x >> 32); rbuf32[2 * w + 1] = (uint32_t)x;
+#else
+                    rbuf32[2 * w] = (uint32_t)x; rbuf32[2 * w + 1] = (uint32_t)(x >> 32);
+#endif
+                }
+                r = rbuf32;
+            }
+#if HAVE_NT
+            if (j->nt && o == head && k >= 16) {
+                Py_ssize_t body = k & ~(Py_ssize_t)15;
+                spec_nt(in + o, out + o, body, j->a);
+                f(in + o + body, out + o + body, k - body, j->a, r);
+                continue;
+            }
+#endif
+            if (f)
+                f(in + o, out + o, k, j->a, r);
+            else
+                slow[m](in + o, out + o, k, p, r);
+        }
+    } else {
+        static const fn64_t pass[7] = {kernel64_pass1_RNE, kernel64_pass1_RNA, kernel64_pass1_RTZ,
+                                       kernel64_pass1_RUP, kernel64_pass1_RDN, kernel64_pass1_RTO,
+                                       kernel64_pass1_SR};
+        static const slow64_t slow[7] = {kernel64_slow_RNE, kernel64_slow_RNA, kernel64_slow_RTZ,
+                                         kernel64_slow_RUP, kernel64_slow_RDN, kernel64_slow_RTO,
+                                         kernel64_slow_SR};
+        const int fast = fast_ok(p);
+        const uint64_t *in = j->in, *rand = j->rand;
+        uint64_t *out = j->out;
+        const int drawn = j->bg || PCG_ON(j);
+        const Py_ssize_t blk = drawn ? BLK : j->n;
+        Py_ssize_t head = HEAD(out, 8, j->n, drawn);
+        for (Py_ssize_t o = 0, k; o < j->n; o += k) {
+            k = o == 0 && head ? head : j->n - o < blk ? j->n - o : blk;
+            const uint64_t *r = rand ? rand + o : NULL;
+            if (j->bg || PCG_ON(j)) {
+                draw(j, rbuf, k);
+                r = rbuf;
+            }
+            if (fast)
+                pass[m](in + o, out + o, k, j->a, r);
+            else
+                slow[m](in + o, out + o, k, p, r);
+        }
+    }
+}
+
+#if HAVE_THREADS
+static void *job_thread(void *arg)
+{
+    job_t *j = arg;
+    if (j->set_env)
+        fesetenv(&j->env); /* the caller's rounding mode and FTZ/DAZ (x86: MXCSR), whatever the OS gives */
+    run_job(j);
+    return NULL;
+}
+
+/* A pool of worker threads kept between calls (starting threads costs tens of microseconds per call):
+ * worker k runs job k of each dispatch, the caller job 0. One dispatch at a time (a second caller that
+ * finds the pool busy starts threads of its own); a forked child starts with an empty pool. */
+static pthread_mutex_t pool_busy = PTHREAD_MUTEX_INITIALIZER; /* held by the dispatching caller */
+static pthread_mutex_t pool_mx = PTHREAD_MUTEX_INITIALIZER;   /* guards the fields below */
+static pthread_cond_t pool_go = PTHREAD_COND_INITIALIZER, pool_done = PTHREAD_COND_INITIALIZER;
+static int pool_n = 1;                  /* 1 + the number of workers started */
+static unsigned long pool_gen = 0;      /* dispatches so far */
+static unsigned long pool_seen0[MAX_JOBS]; /* pool_gen when worker k was started */
+static job_t *pool_jobs = NULL;
+static Py_ssize_t pool_njobs = 0;
+static int pool_pending = 0;            /* worker jobs of this dispatch not yet done */
+
+static void *pool_worker(void *arg)
+{
+    int k = (int)(intptr_t)arg;
+    pthread_mutex_lock(&pool_mx);
+    unsigned long seen = pool_seen0[k];
+    for (;;) {
+        while (pool_gen == seen)
+            pthread_cond_wait(&pool_go, &pool_mx);
+        seen = pool_gen;
+        if (k < pool_njobs) {
+            job_t *j = &pool_jobs[k];
+            pthread_mutex_unlock(&pool_mx);
+            job_thread(j);
+            pthread_mutex_lock(&pool_mx);
+            if (--pool_pending == 0)
+                pthread_cond_signal(&pool_done);
+        }
+    }
+    return NULL;
+}
+
+static void pool_after_fork_child(void)
+{
+    /* the workers did not survive the fork: forget them (and any dispatch in flight in another thread) */
+    pthread_mutex_init(&pool_busy, NULL);
+    pthread_mutex_init(&pool_mx, NULL);
+    pthread_cond_init(&pool_go, NULL);
+    pthread_cond_init(&pool_done, NULL);
+    pool_n = 1;
+    pool_gen = 0;
+    pool_jobs = NULL;
+    pool_njobs = 0;
+    pool_pending = 0;
+}
+
+/* Run jobs[0..n) (n >= 2) on the pool: 0 when done, -1 when the pool is busy (nothing was run). */
+static int pool_run(job_t *jobs, Py_ssize_t n)
+{
+    if (pthread_mutex_trylock(&pool_busy) != 0)
+        return -1;
+    pthread_mutex_lock(&pool_mx);
+    while (pool_n < n) {
+        pthread_t tid;
+        pthread_attr_t at;
+        pool_seen0[pool_n] = pool_gen;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        int ok = pthread_create(&tid, &at, pool_worker, (void *)(intptr_t)pool_n) == 0;
+        pthread_attr_destroy(&at);
+        if (!ok)
+            break;
+        pool_n++;
+    }
+    Py_ssize_t served = n < pool_n ? n : pool_n; /* jobs 1..served-1 go to workers */
+    pool_jobs = jobs;
+    pool_njobs = served;
+    pool_pending = (int)served - 1;
+    pool_gen++;
+    pthread_cond_broadcast(&pool_go);
+    pthread_mutex_unlock(&pool_mx);
+    run_job(&jobs[0]);
+    for (Py_ssize_t k = served; k < n; k++)
+        run_job(&jobs[k]); /* no worker to be had: here, same bits */
+    pthread_mutex_lock(&pool_mx);
+    while (pool_pending > 0)
+        pthread_cond_wait(&pool_done, &pool_mx);
+    pool_jobs = NULL;
+    pool_njobs = 0;
+    pthread_mutex_unlock(&pool_mx);
+    pthread_mutex_unlock(&pool_busy);
+    return 0;
+}
+#endif
 
 /* Every plan number is checked before any shift or index uses it: a bad plan is a Python exception,
  * never undefined behaviour (shift counts out of range, a NULL random buffer, a carrier that is not one). */
@@ -317,57 +822,221 @@ static int check_plan(const plan_t *p, unsigned long long tb, unsigned long long
     return 0;
 }
 
+static int parse_plan(PyObject *params, plan_t *p)
+{
+    unsigned long long tb, mb, qb, ib, nb, hb;
+    if (!PyArg_ParseTuple(params, "iiiiiiiiiiiiiiiKKKKKKd;round_bits: params must be the 22 plan numbers",
+                          &p->M, &p->B, &p->W, &p->d0, &p->need_tiny, &p->qexp, &p->mode, &p->saturate,
+                          &p->ftz, &p->has_inf, &p->has_nan, &p->signed_zero, &p->is_signed, &p->has_zero,
+                          &p->sr_bits, &tb, &mb, &qb, &ib, &nb, &hb, &p->q))
+        return -1;
+    if (check_plan(p, tb, mb, qb, ib, nb, hb) < 0)
+        return -1;
+    p->tiny_bits = tb; p->max_bits = mb; p->minsub_bits = qb; p->inf_bits = ib; p->nan_bits = nb; p->hq_bits = hb;
+    return 0;
+}
+
+
+/* round_bits(in, out, rand, params[, chunk]):
+ *   in, out: carrier-word buffers (out may be in itself: each element is read before it is written);
+ *   rand: None, a buffer of random carrier words (one per element), a "BitGenerator" capsule (words drawn
+ *     in element order, one full 64-bit word per element, or per two elements of a float32 carrier), or a
+ *     tuple of capsules, one per thread, the k-th positioned at element k*chunk's word;
+ *   chunk: elements per thread (0 or absent: one thread; else a multiple of BLK). Thread k rounds
+ *     elements [k*chunk, (k+1)*chunk): each element on its own, so the bits never depend on the split.
+ * The GIL is released for the work; the caller holds the bit generators' locks. */
 static PyObject *round_bits(PyObject *self, PyObject *args)
 {
     Py_buffer in, out, rnd;
-    PyObject *rand_obj;
+    PyObject *rand_obj, *params;
+    Py_ssize_t chunk = 0;
     plan_t p;
-    unsigned long long tb, mb, qb, ib, nb, hb;
-    if (!PyArg_ParseTuple(args, "y*w*O(iiiiiiiiiiiiiiiKKKKKKd)", &in, &out, &rand_obj,
-                          &p.M, &p.B, &p.W, &p.d0, &p.need_tiny, &p.qexp, &p.mode, &p.saturate,
-                          &p.ftz, &p.has_inf, &p.has_nan, &p.signed_zero, &p.is_signed, &p.has_zero,
-                          &p.sr_bits, &tb, &mb, &qb, &ib, &nb, &hb, &p.q))
+    if (!PyArg_ParseTuple(args, "y*w*OO|n", &in, &out, &rand_obj, &params, &chunk))
         return NULL;
-    if (check_plan(&p, tb, mb, qb, ib, nb, hb) < 0) {
-        PyBuffer_Release(&in); PyBuffer_Release(&out);
-        return NULL;
+    int have_buf = 0, n_caps = 0, have_pcg = 0;
+    unsigned long long ps_hi = 0, ps_lo = 0, pi_hi = 0, pi_lo = 0;
+    PyObject *result = NULL;
+    bitgen_t *caps[MAX_JOBS];
+    const char *why = NULL;
+    if (!PyTuple_Check(params)) {
+        PyErr_SetString(PyExc_TypeError, "round_bits: params must be a tuple");
+        goto fail;
     }
-    p.tiny_bits = tb; p.max_bits = mb; p.minsub_bits = qb; p.inf_bits = ib; p.nan_bits = nb; p.hq_bits = hb;
+    if (parse_plan(params, &p) < 0)
+        goto fail;
     Py_ssize_t isz = p.W / 8;
     Py_ssize_t n = in.len / isz;
-    int have_rand = rand_obj != Py_None;
-    if (have_rand && PyObject_GetBuffer(rand_obj, &rnd, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&in); PyBuffer_Release(&out);
-        return NULL;
+    if (rand_obj == Py_None) {
+    } else if (PyTuple_Check(rand_obj) && PyTuple_GET_SIZE(rand_obj) == 5 &&
+               PyUnicode_Check(PyTuple_GET_ITEM(rand_obj, 0))) {
+        const char *kind;
+        if (!PyArg_ParseTuple(rand_obj, "sKKKK;round_bits: rand ('pcg64', state_hi, state_lo, inc_hi, inc_lo)",
+                              &kind, &ps_hi, &ps_lo, &pi_hi, &pi_lo))
+            goto fail;
+        if (strcmp(kind, "pcg64") != 0)
+            why = "the only inline bit generator is 'pcg64'";
+        else if (!HAVE_PCG64)
+            why = "no 128-bit integers in this build: pass the bit generator's capsule";
+        have_pcg = 1;
+    } else if (PyCapsule_CheckExact(rand_obj) || PyTuple_Check(rand_obj)) {
+        int tup = PyTuple_Check(rand_obj);
+        Py_ssize_t k = tup ? PyTuple_GET_SIZE(rand_obj) : 1;
+        if (k < 1 || k > MAX_JOBS) {
+            why = "a tuple of bit generator capsules must hold 1..64 of them";
+        } else {
+            for (Py_ssize_t i = 0; i < k; i++) {
+                caps[i] = PyCapsule_GetPointer(tup ? PyTuple_GET_ITEM(rand_obj, i) : rand_obj, "BitGenerator");
+                if (!caps[i])
+                    goto fail;
+            }
+            n_caps = (int)k;
+        }
+    } else {
+        if (PyObject_GetBuffer(rand_obj, &rnd, PyBUF_SIMPLE) < 0)
+            goto fail;
+        have_buf = 1;
     }
-    const char *why = NULL;
-    if (in.len % isz)
+    int have_rand = have_buf || n_caps || have_pcg;
+    Py_ssize_t n_jobs = 1;
+    if (!why && chunk < 0)
+        why = "chunk must be >= 0";
+    else if (!why && chunk > 0) {
+        if (chunk % BLK)
+            why = "chunk must be a multiple of 2048";
+        else
+            n_jobs = n ? (n + chunk - 1) / chunk : 1;
+        if (!why && n_jobs > MAX_JOBS)
+            why = "at most 64 threads";
+    }
+    if (why) {
+    } else if (in.len % isz)
         why = "input length is not a whole number of carrier words";
     else if (out.len < in.len)
         why = "output buffer shorter than the input";
     else if (p.mode == SR && !have_rand)
-        why = "mode SR needs a random buffer";
-    else if (have_rand && rnd.len < in.len)
+        why = "mode SR needs random words (a buffer or bit generators)";
+    else if (have_buf && rnd.len < in.len)
         why = "random buffer shorter than the input";
-    else if (((uintptr_t)in.buf | (uintptr_t)out.buf | (have_rand ? (uintptr_t)rnd.buf : 0)) % (uintptr_t)isz)
+    else if (n_caps > 1 && n_caps != n_jobs)
+        why = "one bit generator per thread: the tuple's length must be the number of chunks";
+    else if (((uintptr_t)in.buf | (uintptr_t)out.buf | (have_buf ? (uintptr_t)rnd.buf : 0)) % (uintptr_t)isz)
         why = "buffers must be aligned to the carrier width";
     if (why) {
-        PyBuffer_Release(&in); PyBuffer_Release(&out);
-        if (have_rand) PyBuffer_Release(&rnd);
         PyErr_Format(PyExc_ValueError, "round_bits: %s", why);
-        return NULL;
+        goto fail;
     }
-    Py_BEGIN_ALLOW_THREADS
-    if (p.W == 32)
-        kernel32((const uint32_t *)in.buf, (uint32_t *)out.buf, n, &p,
-                 have_rand ? (const uint32_t *)rnd.buf : NULL);
-    else
-        kernel64((const uint64_t *)in.buf, (uint64_t *)out.buf, n, &p,
-                 have_rand ? (const uint64_t *)rnd.buf : NULL);
-    Py_END_ALLOW_THREADS
+    {
+        core_args_t a;
+        core_args(&p, &a);
+        int spec = find_spec(&p, &a);
+        job_t jobs[MAX_JOBS];
+        int use_nt = 0;
+#if HAVE_NT
+        use_nt = spec >= 0 && (p.mode == RNE || p.mode == RTZ) && out.len >= nt_min_bytes && out.buf != in.buf && __builtin_cpu_supports("avx512f");
+#endif
+#if HAVE_PCG64
+        pcg_jumps_t J;
+        u128 s0 = ((u128)ps_hi << 64) | ps_lo, s_end = s0;
+        if (have_pcg) {
+            J.inc = ((u128)pi_hi << 64) | pi_lo;
+            for (int q = 0; q < 4; q++)
+                lcg_jump((u128)(q + 1), PCG_MULT, J.inc, &J.a[q], &J.c[q]);
+        }
+#endif
+        if (n_caps == 1 && n_jobs > 1)
+            n_jobs = 1, chunk = 0; /* one stream: one thread draws and rounds in element order */
+        Py_BEGIN_ALLOW_THREADS
+        fenv_t env;
+        fegetenv(&env);
+        for (Py_ssize_t k = 0; k < n_jobs; k++) {
+            Py_ssize_t lo = chunk ? k * chunk : 0, hi = chunk && lo + chunk < n ? lo + chunk : n;
+            job_t *j = &jobs[k];
+            j->p = &p; j->a = &a; j->spec = spec;
+            j->in = (const char *)in.buf + lo * isz;
+            j->out = (char *)out.buf + lo * isz;
+            j->n = hi - lo;
+            j->rand = have_buf ? (const char *)rnd.buf + lo * isz : NULL;
+            j->bg = n_caps ? caps[n_caps > 1 ? k : 0] : NULL;
+#if HAVE_PCG64
+            j->pcg = have_pcg;
+            j->J = &J;
+            if (have_pcg) {
+                /* this job's first word: element lo's (a float32 carrier: one word per two elements) */
+                u128 am, ap;
+                lcg_jump((u128)(p.W == 32 ? lo / 2 : lo), PCG_MULT, J.inc, &am, &ap);
+                j->pst = am * s0 + ap;
+            }
+#endif
+            j->set_env = 1;
+            j->nt = use_nt;
+            j->env = env;
+        }
+#if HAVE_THREADS
+        if (n_jobs == 1) {
+            run_job(&jobs[0]);
+        } else if (pool_run(jobs, n_jobs) < 0) {
+            /* the pool is serving another caller: threads of this call's own */
+            pthread_t tid[MAX_JOBS];
+            int started[MAX_JOBS];
+            for (Py_ssize_t k = 1; k < n_jobs; k++)
+                started[k] = pthread_create(&tid[k], NULL, job_thread, &jobs[k]) == 0;
+            run_job(&jobs[0]);
+            for (Py_ssize_t k = 1; k < n_jobs; k++) {
+                if (started[k])
+                    pthread_join(tid[k], NULL);
+                else
+                    run_job(&jobs[k]); /* no thread to be had: here, same bits */
+            }
+        }
+#else
+        for (Py_ssize_t k = 0; k < n_jobs; k++)
+            run_job(&jobs[k]);
+#endif
+#if HAVE_PCG64
+        if (have_pcg)
+            s_end = jobs[n_jobs - 1].pst; /* after the last element's word */
+#endif
+        Py_END_ALLOW_THREADS
+#if HAVE_PCG64
+        if (have_pcg)
+            result = Py_BuildValue("(KK)", (unsigned long long)(s_end >> 64), (unsigned long long)s_end);
+#endif
+    }
     PyBuffer_Release(&in); PyBuffer_Release(&out);
-    if (have_rand) PyBuffer_Release(&rnd);
+    if (have_buf) PyBuffer_Release(&rnd);
+    if (result)
+        return result;
     Py_RETURN_NONE;
+fail:
+    PyBuffer_Release(&in); PyBuffer_Release(&out);
+    if (have_buf) PyBuffer_Release(&rnd);
+    return NULL;
+}
+
+/* stream_min_bytes([bytes]): the output size from which bf16 RNE/RTZ use non-temporal stores (returns
+ * the previous value; -1 where this build has no such path). For tests and benchmarks. */
+static PyObject *stream_min_bytes(PyObject *self, PyObject *args)
+{
+    Py_ssize_t v = -2, old = HAVE_NT ? nt_min_bytes : -1;
+    if (!PyArg_ParseTuple(args, "|n", &v))
+        return NULL;
+    if (v >= 0)
+        nt_min_bytes = v;
+    return PyLong_FromSsize_t(old);
+}
+
+/* spec_name(params): the specialised copy that serves a plan ("bf16_rne", ...), or None (tests). */
+static PyObject *spec_name(PyObject *self, PyObject *args)
+{
+    plan_t p;
+    if (parse_plan(args, &p) < 0)
+        return NULL;
+    core_args_t a;
+    core_args(&p, &a);
+    int k = find_spec(&p, &a);
+    if (k < 0)
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(spec_table[k].tag);
 }
 
 /* ---- fma_f32: out[i] = fmaf(a[i], b[i], c[i]), the float32 fused multiply-add rounded once (RNE).
@@ -480,11 +1149,28 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"round_bits", round_bits, METH_VARARGS, "Round carrier bit patterns in place into out (see rounding.py)."},
+    {"round_bits", round_bits, METH_VARARGS, "round_bits(in, out, rand, params[, chunk]): round carrier bit "
+     "patterns into out, chunk elements per thread (see the comment above round_bits and rounding.py)."},
+    {"spec_name", spec_name, METH_VARARGS, "The specialised copy of the kernel that serves a plan, or None."},
+    {"stream_min_bytes", stream_min_bytes, METH_VARARGS, "Get (and set) the output size from which bf16 RNE/RTZ "
+     "store non-temporally."},
     {"fma_f32", fma_f32, METH_VARARGS, "out = fmaf(a, b, c) over float32 buffers, each of a, b, c of out's length "
      "or one (see fpsim/amp/fused.py)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_ckernel", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__ckernel(void) { return PyModule_Create(&moddef); }
+PyMODINIT_FUNC PyInit__ckernel(void)
+{
+#if HAVE_THREADS
+    static int atfork_done = 0;
+    if (!atfork_done && pthread_atfork(NULL, NULL, pool_after_fork_child) == 0)
+        atfork_done = 1;
+#endif
+    PyObject *m = PyModule_Create(&moddef);
+    if (m && PyModule_AddIntConstant(m, "HAVE_PCG64", HAVE_PCG64) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

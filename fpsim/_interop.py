@@ -23,7 +23,8 @@ array and scalar results (also inside a tuple) come back as that library's array
 are left alone. ``as_dtype=True`` asks for the result in the library's own dtype of the call's format
 (the ``fmt`` argument; the input's dtype where the call has none); a format the library lacks raises
 :class:`ValueError` naming it. With NumPy (or Python) input nothing changes and the wrapper costs a
-type lookup per positional argument.
+type lookup per positional argument. A call given ``out=`` (an ndarray; NumPy's ufunc convention) gets
+that array back untouched, whatever kind of arrays went in, and may not combine it with ``as_dtype=True``.
 """
 
 from __future__ import annotations
@@ -391,6 +392,11 @@ def returns_input_kind(func: F | None = None, *, dtype_option: bool = True) -> A
     if dtype_option:
         @functools.wraps(func)
         def wrapper(*args: Any, as_dtype: bool = False, **kwargs: Any) -> Any:
+            if kwargs.get("out") is not None:  # out= given: the function returns that ndarray, untouched
+                if as_dtype:
+                    raise ValueError(f"{func.__name__}: as_dtype=True and out= cannot be combined (out fixes "
+                                     "the result's dtype); pass one of them")
+                return func(*args, **kwargs)
             for a in args:
                 if kinds.get(type(a), 0) is not None:  # 0: not seen yet
                     return _slow(args, kwargs, as_dtype)
@@ -401,6 +407,8 @@ def returns_input_kind(func: F | None = None, *, dtype_option: bool = True) -> A
     else:
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("out") is not None:  # out= given: the function returns that ndarray, untouched
+                return func(*args, **kwargs)
             for a in args:
                 if kinds.get(type(a), 0) is not None:
                     return _slow(args, kwargs, False)

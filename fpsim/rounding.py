@@ -10,6 +10,12 @@ is therefore integer arithmetic on the pattern: add an increment chosen by the m
 range; values below half the smallest subnormal go to 0 or the smallest subnormal by a comparison.
 Overflow, infinities and NaN are fixed up afterwards on the (usually empty) subset that needs it.
 Large arrays are processed in cache-sized chunks.
+
+The compiled kernel (``fpsim/_ckernel.c``; this module's NumPy kernel is the reference and the fallback,
+``use_c_kernel = False``) does the same in one pass, with copies specialised for bf16, fp16 and fp8
+e4m3/e5m2 in RNE, RTZ and SR, arrays of 1M+ elements split among ``max_threads`` threads inside one call
+(the GIL released; a static split, so the bits never depend on it) and SR's random words drawn in C in
+element order. ``round(..., out=)`` writes into an existing array (in place allowed).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any, TypeVar, Union
 
 import numpy as np
 
+from ._checks import check_out
 from ._fpenv import ieee_mode
 from ._interop import host_array, returns_input_kind
 from ._names import parse_name
@@ -189,6 +196,24 @@ def _plan(c: _Carrier, fmt: Format, mode: Rounding, overflow: Overflow, subnorma
         inf_bits=c.bits_of(np.inf),
         nan_bits=c.bits_of(np.nan) & ~(1 << (c.W - 1)),
     )
+
+
+# Plans (and their C parameter tuples) of the combinations in use: building one costs more than rounding a
+# small array. Keyed by everything a plan is computed from; bounded.
+_PLANS: dict[tuple[Any, ...], _Plan] = {}
+_C_PARAMS: dict[_Plan, tuple[Any, ...]] = {}
+
+
+def _plan_cached(c: _Carrier, fmt: Format, mode: Rounding, overflow: Overflow, subnormals: bool,
+                 sr_bits: int | None) -> _Plan:
+    key = (c, fmt, mode, overflow, subnormals, sr_bits)
+    pl = _PLANS.get(key)
+    if pl is None:
+        if len(_PLANS) > 512:
+            _PLANS.clear()
+            _C_PARAMS.clear()
+        pl = _PLANS[key] = _plan(c, fmt, mode, overflow, subnormals, sr_bits)
+    return pl
 
 
 def _kept_lsb(u: np.ndarray, d: Any, c: _Carrier) -> Any:
@@ -505,6 +530,9 @@ def _as_float_array(x: Any, name: str = "x") -> tuple[np.ndarray, bool]:
 
 try:  # the C kernel (built at install time); the NumPy kernel above is the reference and fallback
     from . import _ckernel  # type: ignore[attr-defined]
+
+    if not hasattr(_ckernel, "stream_min_bytes"):  # pragma: no cover - a stale build without threads in C
+        _ckernel = None
 except ImportError:  # pragma: no cover - exercised where no compiler was available
     _ckernel = None
 
@@ -542,54 +570,85 @@ use_c_kernel = _ckernel is not None
 
 max_threads: int | None = None
 """Threads the compiled kernel may use on large arrays (None: one per CPU, at most 8; 1: no threads).
-Results do not depend on it: each element is rounded on its own, and SR's random words are drawn in
-element order before the work is shared out."""
+Results do not depend on it: each element is rounded on its own, and SR's random words are those of
+element order whatever the split (see `_run_c_kernel`)."""
 
 _PARALLEL_MIN = 1 << 20  # below this, starting threads costs more than it saves
-_POOL: Any = None
+_C_BLK = 2048  # the compiled kernel's block: a thread's share is a multiple of it (BLK in _ckernel.c)
+# Bit generators whose stream a copy can skip ahead in (``advance``: one step per next_uint64 word), so
+# that each thread draws its own elements' words, the same words one thread drawing in order would.
+_ADVANCEABLE = tuple(t for t in (getattr(np.random, "PCG64", None), getattr(np.random, "PCG64DXSM", None))
+                     if t is not None)
 
 
-def _reset_pool_after_fork() -> None:
-    # A forked child inherits the pool object but not its threads: submitting to it would wait forever.
-    global _POOL
-    _POOL = None
+_PCG64: Any = getattr(np.random, "PCG64", None)
+_M64 = (1 << 64) - 1
 
 
-if hasattr(os, "register_at_fork"):  # POSIX only
-    os.register_at_fork(after_in_child=_reset_pool_after_fork)
-
-
-def _pool(workers: int) -> Any:
-    global _POOL
-    if _POOL is None or _POOL._max_workers != workers:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fpsim-round")
-    return _POOL
+def _thread_chunk(n: int) -> int:
+    """Elements per thread for an array of n (0: one thread): the static split of `_run_c_kernel`."""
+    if n < _PARALLEL_MIN:
+        return 0
+    workers = max_threads if max_threads is not None else min(os.cpu_count() or 1, 8)
+    workers = max(1, min(int(workers), 64))
+    if workers <= 1:
+        return 0
+    per = -(-n // workers)
+    return -(-per // _C_BLK) * _C_BLK
 
 
 def _run_c_kernel(sb: np.ndarray, res: np.ndarray, pl: _Plan, rng: np.random.Generator | None) -> None:
-    """The compiled kernel over blocks of 256K elements (it releases the GIL, so large arrays are shared
-    among threads)."""
+    """Round the carrier bit patterns ``sb`` into ``res`` (1-D, same size, C-contiguous; ``res`` may be
+    ``sb`` itself) with the compiled kernel in one call: the GIL released, large arrays split among
+    ``max_threads`` threads in C (a static split: the bits never depend on it).
+
+    SR draws its random words in C straight from ``rng``'s bit generator (its ``capsule``, under its
+    lock), in element order: exactly the words of `_random_words` (one ``next_uint64`` per element, or
+    per two elements of a float32 carrier, low half first), so seeded results are those of the NumPy
+    kernel, and the generator ends where drawing in order would leave it. PCG64 (``default_rng``) is
+    stepped in C from its ``state`` (each thread jumping ahead to its first word); for PCG64DXSM each
+    thread draws from a copy of the generator advanced to its first word; other bit generators draw in
+    one thread.
+    """
     assert _ckernel is not None
-    params = _c_params(pl)
-    step = _CHUNK * 8
-    n = sb.size
-    workers = max_threads if max_threads is not None else min(os.cpu_count() or 1, 8)
-    if n < _PARALLEL_MIN or workers <= 1:
-        for i in range(0, n, step):
-            rand = None if pl.mode is not Rounding.SR else _random_words(rng, min(step, n - i), pl.c)  # type: ignore[arg-type]
-            _ckernel.round_bits(sb[i : i + step], res[i : i + step], rand, params)
+    params = _C_PARAMS.get(pl)
+    if params is None:
+        params = _C_PARAMS[pl] = _c_params(pl)
+    chunk = _thread_chunk(sb.size)
+    if pl.mode is not Rounding.SR:
+        _ckernel.round_bits(sb, res, None, params, chunk)
         return
-    pool = _pool(workers)
-    pending: list[Any] = []
-    for i in range(0, n, step):
-        rand = None if pl.mode is not Rounding.SR else _random_words(rng, min(step, n - i), pl.c)  # type: ignore[arg-type]
-        pending.append(pool.submit(_ckernel.round_bits, sb[i : i + step], res[i : i + step], rand, params))
-        if len(pending) >= 2 * workers:  # bounded: at most a few blocks of random words alive
-            pending.pop(0).result()
-    for fut in pending:
-        fut.result()
+    assert rng is not None
+    bg = rng.bit_generator
+    with bg.lock:
+        if type(bg) is _PCG64 and getattr(_ckernel, "HAVE_PCG64", False):
+            # NumPy's default generator, stepped in C from its documented state (same words, faster than
+            # a call per word; each thread jumps ahead to its first word)
+            st = bg.state
+            s, inc = int(st["state"]["state"]), int(st["state"]["inc"])
+            hi, lo = _ckernel.round_bits(sb, res, ("pcg64", s >> 64, s & _M64, inc >> 64, inc & _M64), params, chunk)
+            end = dict(st)
+            end["state"] = {"state": (hi << 64) | lo, "inc": inc}
+            bg.state = end  # has_uint32/uinteger as they were: next_uint64 does not touch them
+        elif chunk and type(bg) in _ADVANCEABLE:
+            n = sb.size
+            half = pl.c.W == 32  # a float32 carrier takes one 64-bit word per two elements
+            st = bg.state
+            streams: list[Any] = []
+            for lo in range(0, n, chunk):
+                g: Any = type(bg)(0)
+                g.state = st
+                if lo:
+                    g.advance(lo // 2 if half else lo)  # lo is even: a word boundary
+                streams.append(g)
+            _ckernel.round_bits(sb, res, tuple(g.capsule for g in streams), params, chunk)
+            end = dict(streams[-1].state)  # the last stream stops after the last element's word
+            for k in ("has_uint32", "uinteger"):  # advance() clears the 32-bit buffer the original keeps
+                if k in st:
+                    end[k] = st[k]
+            bg.state = end
+        else:
+            _ckernel.round_bits(sb, res, bg.capsule, params, 0)
 
 
 def _carrier_for(dtype: np.dtype, fmt: Format, mode: Rounding, sr_bits: int | None) -> _Carrier:
@@ -606,32 +665,56 @@ def _carrier_for(dtype: np.dtype, fmt: Format, mode: Rounding, sr_bits: int | No
 
 
 def _round_array(a: np.ndarray, fmt: Format, mode: Rounding, overflow: Overflow, subnormals: bool,
-                 rng: np.random.Generator | None, sr_bits: int | None) -> np.ndarray:
+                 rng: np.random.Generator | None, sr_bits: int | None, out: np.ndarray | None = None) -> np.ndarray:
     """Round a native float32/float64 array; result dtype float32 iff the input is float32 and the
-    format fits in float32."""
+    format fits in float32. With ``out`` (checked by `_checks.check_out`; it may be ``a`` itself) the
+    result is written there and ``out`` returned."""
     with np.errstate(invalid="ignore"):  # casts of signalling-NaN payloads warn; they stay NaN
-        return _round_array_impl(a, fmt, mode, overflow, subnormals, rng, sr_bits)
+        return _round_array_impl(a, fmt, mode, overflow, subnormals, rng, sr_bits, out)
+
+
+def _same_elements(x: np.ndarray, y: np.ndarray) -> bool:
+    """x and y are C-contiguous views of the very same elements (in-place rounding is then safe: each
+    element is read before it is written); False where they merely may overlap."""
+    return bool(x.__array_interface__["data"][0] == y.__array_interface__["data"][0] and x.nbytes == y.nbytes
+                and x.flags.c_contiguous and y.flags.c_contiguous)
 
 
 def _round_array_impl(a: np.ndarray, fmt: Format, mode: Rounding, overflow: Overflow, subnormals: bool,
-                      rng: np.random.Generator | None, sr_bits: int | None) -> np.ndarray:
+                      rng: np.random.Generator | None, sr_bits: int | None,
+                      out: np.ndarray | None = None) -> np.ndarray:
     c = _carrier_for(a.dtype, fmt, mode, sr_bits)
     out_dtype = np.dtype(np.float32) if a.dtype == np.float32 and fmt.fits_float32 else np.dtype(np.float64)
-    pl = _plan(c, fmt, mode, overflow, subnormals, sr_bits)
+    if out is not None:
+        out = check_out(out, a.shape, out_dtype)
+    pl = _plan_cached(c, fmt, mode, overflow, subnormals, sr_bits)
     src = np.ascontiguousarray(a).reshape(-1)
     if src.dtype != c.ftype:
         src = src.astype(c.ftype)
-    res: np.ndarray = np.empty(src.size, dtype=c.utype)
+    # Straight into out where it is a C-contiguous carrier array that is either the input itself or
+    # disjoint from it; otherwise (strided, another dtype, a partial overlap) through a temporary.
+    direct = (out is not None and out.dtype == c.ftype and out.flags.c_contiguous
+              and (not np.may_share_memory(out, src) or _same_elements(out, src)))
+    res: np.ndarray
+    if direct:
+        assert out is not None
+        res = out.reshape(-1).view(c.utype)
+    else:
+        res = np.empty(src.size, dtype=c.utype)
     sb: np.ndarray = src.view(c.utype)
     if use_c_kernel and _ckernel is not None:
         _run_c_kernel(sb, res, pl, rng)
     else:
         for i in range(0, src.size, _CHUNK):
             res[i : i + _CHUNK] = _kernel(sb[i : i + _CHUNK], pl, rng)
-    out: np.ndarray = res.view(c.ftype)
-    if out.dtype != out_dtype:
-        out = out.astype(out_dtype)
-    return out.reshape(a.shape)
+    if out is not None:
+        if not direct:
+            np.copyto(out, res.view(c.ftype).reshape(a.shape))  # float64 -> float32 only for float32 values
+        return out
+    r: np.ndarray = res.view(c.ftype)
+    if r.dtype != out_dtype:
+        r = r.astype(out_dtype)
+    return r.reshape(a.shape)
 
 
 def _round_exact_scalar(x: object, q: fractions.Fraction | float, f: Format, mode: Rounding, ov: Overflow,
@@ -657,7 +740,7 @@ def round(
     overflow: Overflow | str = "ieee",
     subnormals: bool = True,
     rng: np.random.Generator | None = None,
-    sr_bits: int | None = None, as_dtype: bool = False,
+    sr_bits: int | None = None, out: np.ndarray | None = None, as_dtype: bool = False,
 ) -> Any:
     """Round values into a format, once, from their exact value.
 
@@ -683,6 +766,12 @@ def round(
     sr_bits : int, optional
         For ``"sr"``: how many random bits the hardware adds (the remainder is first truncated to that
         many bits). ``None`` means exact stochastic rounding.
+    out : numpy.ndarray, optional
+        Where to write the result, as NumPy ufuncs take ``out=``: a writeable ndarray of exactly the
+        result's shape and dtype (float32 or float64 as below; a 0-d array for a scalar ``x``),
+        ``TypeError``/``ValueError`` naming it otherwise. It may be ``x`` itself (in place: the same bits
+        as a new result). ``out`` is returned, unconverted (torch/JAX input included); it does not
+        combine with ``as_dtype=True``. Saves allocating (and page-faulting) a new array.
 
     Returns
     -------
@@ -709,18 +798,28 @@ def round(
     >>> y = fpsim.round(0.1, "fp16", "rtz")  # a Python scalar in, a NumPy scalar out
     >>> type(y).__name__, float(y)
     ('float64', 0.0999755859375)
+    >>> x = np.float32([0.1, 0.2, 0.3])
+    >>> r = fpsim.round(x, "bf16", out=x)  # in place
+    >>> r is x, [float(v) for v in x]
+    (True, [0.10009765625, 0.2001953125, 0.30078125])
     """
     f, mode, ov = parse_options(fmt, rounding, overflow, subnormals, rng, sr_bits)
     is_scalar = np.isscalar(x) and not isinstance(x, (str, bytes))
     if is_scalar and not isinstance(x, (float, np.floating)):
         q = _exact_value(x)
         if q is not None and _exact_float(q) is None:  # no float64 holds it: round the exact value
-            return _round_exact_scalar(x, q, f, mode, ov, bool(subnormals))
+            r = _round_exact_scalar(x, q, f, mode, ov, bool(subnormals))
+            if out is None:
+                return r
+            check_out(out, (), np.float64)[()] = r
+            return out
     a, _ = _as_float_array(x)
-    out = _round_array(a, f, mode, ov, bool(subnormals), rng, None if sr_bits is None else int(sr_bits))
-    if is_scalar or out.ndim == 0:
-        return out[()]
-    return out
+    res = _round_array(a, f, mode, ov, bool(subnormals), rng, None if sr_bits is None else int(sr_bits), out)
+    if out is not None:
+        return out
+    if is_scalar or res.ndim == 0:
+        return res[()]
+    return res
 
 
 # --------------------------------------------------------------------------------------------------
@@ -797,7 +896,9 @@ def analyze(
 ) -> RoundingReport:
     """Round ``x`` into ``fmt`` and count what happened (exact, underflow, subnormal, overflow, NaN).
 
-    Works block by block: extra memory stays a few MiB, whatever the size of ``x``.
+    Works block by block: extra memory stays a few MiB, whatever the size of ``x``. The counts run in one
+    compiled pass per block where fpsim/_carith.c is built (``fpsim.rounding.use_c_analyze = False`` forces
+    the NumPy reference; same report).
 
     >>> import fpsim, numpy as np
     >>> r = fpsim.analyze(np.array([1.0, 1e-9, 7e4, 0.1]), "fp16")
@@ -812,31 +913,30 @@ def analyze(
     flat = a.reshape(-1)
     counts = dict.fromkeys(("exact", "underflow", "subnormal", "overflow", "nan"), 0)
     max_abs = max_rel = 0.0
-    for i in range(0, flat.size, _BLOCK):
-        blk = flat[i : i + _BLOCK]
+    try:
+        from . import _carith  # type: ignore[attr-defined]
+    except ImportError:  # pragma: no cover - no compiler at install time
+        _carith = None
+    # the compiled counts keep no temporaries: larger blocks (the NumPy reference keeps the small ones)
+    step = _BLOCK * 4 if use_c_analyze and _carith is not None else _BLOCK
+    threads = max_threads if max_threads is not None else min(os.cpu_count() or 1, 8)  # for the counts
+    for i in range(0, flat.size, step):
+        blk = flat[i : i + step]
         state = rng.bit_generator.state if mode is Rounding.SR and rng is not None else None
-        r = _round_array(blk, f, mode, ov, bool(subnormals), rng, srb).astype(np.float64, copy=False)
-        with np.errstate(invalid="ignore"):  # widening a signalling NaN warns; it stays NaN
-            b = blk.astype(np.float64, copy=False)
-        fin_in = np.isfinite(b)
-        fin_out = np.isfinite(r)
-        nz_in = fin_in & (b != 0)
-        r_nan = np.isnan(r)
-        counts["exact"] += int(np.count_nonzero((r == b) | (r_nan & np.isnan(b))))
-        counts["underflow"] += int(np.count_nonzero(nz_in & (r == 0)))
-        counts["subnormal"] += int(np.count_nonzero(fin_out & (r != 0) & (np.abs(r) < f.min_normal)))
-        counts["nan"] += int(np.count_nonzero(r_nan))
-        beyond = fin_in & (np.abs(b) > f.max)  # only these can overflow (usually none)
-        if np.any(beyond):
-            counts["overflow"] += int(np.count_nonzero(_overflows(blk, beyond, f, mode, bool(subnormals), srb,
+        r = _round_array(blk, f, mode, ov, bool(subnormals), rng, srb)
+        ex, uf, sub, nan, beyond, err_abs, err_rel = _block_counts(blk, r, f, threads)
+        counts["exact"] += ex
+        counts["underflow"] += uf
+        counts["subnormal"] += sub
+        counts["nan"] += nan
+        if beyond:  # finite inputs beyond max: only these can overflow (usually none)
+            with np.errstate(invalid="ignore"):
+                b = blk.astype(np.float64, copy=False)
+            sel = np.isfinite(b) & (np.abs(b) > f.max)
+            counts["overflow"] += int(np.count_nonzero(_overflows(blk, sel, f, mode, bool(subnormals), srb,
                                                                   rng, state)))
-        ok = fin_in & fin_out
-        if np.any(ok):
-            err = np.abs(r[ok] - b[ok])
-            with np.errstate(divide="ignore", invalid="ignore"):
-                rel = np.where(b[ok] != 0, err / np.abs(b[ok]), 0.0)
-            max_abs = max(max_abs, float(err.max()))
-            max_rel = max(max_rel, float(rel.max()))
+        max_abs = max(max_abs, err_abs)
+        max_rel = max(max_rel, err_rel)
     return RoundingReport(
         format=f.name,
         rounding=mode.value,
@@ -850,6 +950,51 @@ def analyze(
         max_abs_error=max_abs,
         max_rel_error=max_rel,
     )
+
+
+use_c_analyze = True
+"""Whether :func:`analyze` counts through the compiled loop of fpsim/_carith.c where it is built (set False
+to force the NumPy reference in :func:`_block_counts`); the counts and maxima are the same."""
+
+
+def _block_counts(blk: np.ndarray, r: np.ndarray, f: Format, threads: int = 1
+                  ) -> tuple[int, int, int, int, int, float, float]:
+    """For one block of inputs ``blk`` and their roundings ``r`` (float32 or float64): the exact, underflow,
+    subnormal and NaN counts, how many finite inputs lie beyond ``f.max``, and the largest absolute and
+    relative errors (in float64) over finite pairs. One compiled pass where fpsim/_carith.c is built; NumPy
+    otherwise (the reference). ``threads``: how many threads the compiled pass may use (same results)."""
+    try:
+        from . import _carith  # type: ignore[attr-defined]
+    except ImportError:  # pragma: no cover - no compiler at install time
+        _carith = None
+    if use_c_analyze and _carith is not None and blk.dtype in (np.float32, np.float64):
+        dt = blk.dtype if r.dtype == blk.dtype else np.dtype(np.float64)  # both float32, or both float64
+        src = np.ascontiguousarray(blk, dtype=dt).reshape(-1)
+        rr = np.ascontiguousarray(r, dtype=dt).reshape(-1)
+        res: tuple[int, int, int, int, int, float, float] = _carith.analyze_block(
+            src, rr, int(dt == np.float32), float(f.min_normal), float(f.max), int(threads))
+        return res
+    r = r.astype(np.float64, copy=False)
+    with np.errstate(invalid="ignore"):  # widening a signalling NaN warns; it stays NaN
+        b = blk.astype(np.float64, copy=False)
+    fin_in = np.isfinite(b)
+    fin_out = np.isfinite(r)
+    nz_in = fin_in & (b != 0)
+    r_nan = np.isnan(r)
+    ex = int(np.count_nonzero((r == b) | (r_nan & np.isnan(b))))
+    uf = int(np.count_nonzero(nz_in & (r == 0)))
+    sub = int(np.count_nonzero(fin_out & (r != 0) & (np.abs(r) < f.min_normal)))
+    nan = int(np.count_nonzero(r_nan))
+    beyond = int(np.count_nonzero(fin_in & (np.abs(b) > f.max)))
+    max_abs = max_rel = 0.0
+    ok = fin_in & fin_out
+    if np.any(ok):
+        err = np.abs(r[ok] - b[ok])
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # a subnormal b: rel may be inf
+            rel = np.where(b[ok] != 0, err / np.abs(b[ok]), 0.0)
+        max_abs = float(err.max())
+        max_rel = float(rel.max())
+    return ex, uf, sub, nan, beyond, max_abs, max_rel
 
 
 def _overflows(blk: np.ndarray, sel: np.ndarray, f: Format, mode: Rounding, subnormals: bool,
