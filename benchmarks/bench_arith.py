@@ -1,21 +1,49 @@
-"""Benchmark correctly rounded arithmetic, FPArray and the summation orders against plain NumPy.
+"""Benchmark correctly rounded arithmetic, FPArray, the summation orders, to_bits and analyze against NumPy.
 
-Run: python3 benchmarks/bench_arith.py [--n 1000000] [--repeat 5]
-Every figure is a ratio of two timings taken in this one run (best of --repeat).
+Run: python3 benchmarks/bench_arith.py [--n 1000000] [--nbits 10000000] [--repeat 9]
+Every figure is a ratio of two timings taken in this one run (best of --repeat); the load average is printed.
 
-Goals of issue 3: correctly rounded fp16/bf16 add and mul within 3x of NumPy's float16 add, fma within 10x
-of a float64 multiply-add.
+Goals of issue 3: correctly rounded fp16/bf16 add and mul within 3x of NumPy's float16 add. Goals of issue 17
+(section 2): fma fp32 within 5x of a float64 multiply-add, fpsim.sum(order="pairwise") within 10x of np.sum,
+to_bits and analyze within 3x of np.copyto of the same float32 array. The compiled paths (fpsim/_carith.c)
+are timed beside their NumPy references (the module flags that force them), so the speed-up shows in one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 
 import fpsim
+from fpsim import accumulate, arith, bits, rounding
 from fpsim.arith import Context
 from _timing import best
+
+
+@contextmanager
+def _reference(module: Any, flag: str) -> Iterator[None]:
+    """Force a NumPy reference path for the duration (its module flag off)."""
+    old = getattr(module, flag)
+    setattr(module, flag, False)
+    try:
+        yield
+    finally:
+        setattr(module, flag, old)
+
+
+def _pair(fn: Callable[[], Any], module: Any, flag: str, rep: int) -> tuple[float, float]:
+    """(compiled, NumPy reference) timings of fn, interleaved: best of rep rounds of one call each."""
+    tc, tr = [], []
+    for _ in range(max(1, rep // 3)):
+        tc.append(best(fn, 3))
+        with _reference(module, flag):
+            tr.append(best(fn, 3))
+    return min(tc), min(tr)
 
 
 
@@ -25,8 +53,11 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=9)
     ap.add_argument("--seq", type=int, default=10_000, help="length of the sequential-sum timing")
+    ap.add_argument("--nbits", type=int, default=10_000_000, help="float32 values for the to_bits/analyze timing")
     a = ap.parse_args()
     n, rep = a.n, a.repeat
+    print(f"load average at start: {', '.join(f'{v:.2f}' for v in os.getloadavg())}; "
+          f"compiled hot paths (fpsim._carith): {'yes' if arith._carith is not None else 'NO (NumPy only)'}")
     rng = np.random.default_rng(0)
     h1 = rng.standard_normal(n).astype(np.float16)
     h2 = rng.standard_normal(n).astype(np.float16)
@@ -60,23 +91,40 @@ def main() -> None:
         t = best(fn, rep)
         print(f"  {label:24s} {t * 1e3:8.2f} ms  {t / t_np16:6.2f}x")
 
+    e1 = d1 * 1.1  # arbitrary float64 operands (not fp32 values)
     t_fma64 = best(lambda: d1 * d2 + d3, rep)
-    t_fma = best(lambda: fpsim.fma(f1, f2, f3, "fp32"), rep)
-    t_fma_any = best(lambda: fpsim.fma(d1 * 1.1, d2, d3, "fp32"), rep)
-    print("\nfma, ratio to a float64 multiply-add a * b + c (goal <= 10x):")
-    print(f"  {'fpsim.fma fp32 (fp32 in)':24s} {t_fma * 1e3:8.2f} ms  {t_fma / t_fma64:6.2f}x")
-    print(f"  {'fpsim.fma fp32 (any f64)':24s} {t_fma_any * 1e3:8.2f} ms  {t_fma_any / t_fma64:6.2f}x")
+    print(f"\nfma, ratio to a float64 multiply-add a * b + c ({t_fma64 * 1e3:.2f} ms; goal fp32 <= 5x); "
+          "compiled path and its NumPy reference:")
+    print(f"  {'operation':34s} {'compiled':>9s} {'ratio':>7s} {'NumPy ref':>10s} {'ratio':>7s}")
+    fma_rows = [
+        ("fpsim.fma fp32, fp32 operands", lambda: fpsim.fma(f1, f2, f3, "fp32")),
+        ("fpsim.fma fp32, any f64 operands", lambda: fpsim.fma(e1, d2, d3, "fp32")),
+        ("fpsim.fma bf16, fp32 operands", lambda: fpsim.fma(f1, f2, f3, "bf16")),
+        ("fpsim.fma fp32 rtz, out=c (f32)", lambda: fpsim.fma(f1, f2, f3, "fp32", rounding="rtz", out=f3c)),
+    ]
+    f3c = f3.copy()
+    for label, fn in fma_rows:
+        tc, tr = _pair(fn, arith, "use_c_arith", rep)
+        print(f"  {label:34s} {tc * 1e3:7.2f}ms {tc / t_fma64:6.2f}x {tr * 1e3:8.2f}ms {tr / t_fma64:6.2f}x")
 
     s = np.asarray(fpsim.round(rng.standard_normal(n), "fp32"))
+    s32 = s.astype(np.float32)
+    b16 = np.asarray(fpsim.round(rng.standard_normal(n), "bf16"))
     t_npsum = best(lambda: np.sum(s), rep)
-    t_pw = best(lambda: fpsim.sum(s, "fp32", order="pairwise"), rep)
-    t_pw16 = best(lambda: fpsim.sum(x16, "fp16", order="pairwise"), rep)
+    print(f"\nSums of {n:,} values, ratio to np.sum of the same float64 array ({t_npsum * 1e3:.3f} ms; goal "
+          "pairwise <= 10x); compiled tree and the NumPy reference:")
+    print(f"  {'operation':34s} {'compiled':>9s} {'ratio':>7s} {'NumPy ref':>10s} {'ratio':>7s}")
+    sum_rows = [
+        ("sum pairwise fp32 (float64 in)", lambda: fpsim.sum(s, "fp32", order="pairwise")),
+        ("sum pairwise fp32 (float32 in)", lambda: fpsim.sum(s32, "fp32", order="pairwise")),
+        ("sum pairwise fp16", lambda: fpsim.sum(x16, "fp16", order="pairwise")),
+        ("sum pairwise bf16", lambda: fpsim.sum(b16, "bf16", order="pairwise")),
+    ]
+    for label, fn in sum_rows:
+        tc, tr = _pair(fn, accumulate, "use_c_sum", rep)
+        print(f"  {label:34s} {tc * 1e3:7.2f}ms {tc / t_npsum:6.2f}x {tr * 1e3:8.2f}ms {tr / t_npsum:6.2f}x")
     t_ex = best(lambda: fpsim.sum(s, "fp32", order="exact"), rep)
-    print("\nSums, ratio to np.sum of the same float64 array:")
-    print(f"  {'np.sum':24s} {t_npsum * 1e3:8.2f} ms  {1:6.2f}x")
-    print(f"  {'fpsim.sum fp32 pairwise':24s} {t_pw * 1e3:8.2f} ms  {t_pw / t_npsum:6.2f}x")
-    print(f"  {'fpsim.sum fp16 pairwise':24s} {t_pw16 * 1e3:8.2f} ms  {t_pw16 / t_npsum:6.2f}x")
-    print(f"  {'fpsim.sum exact':24s} {t_ex * 1e3:8.2f} ms  {t_ex / t_npsum:6.2f}x")
+    print(f"  {'sum exact fp32':34s} {t_ex * 1e3:7.2f}ms {t_ex / t_npsum:6.2f}x")
     m = a.seq
     t_seq = best(lambda: fpsim.sum(x16[:m], "fp16"), max(1, rep // 2))
     t_seq2 = best(lambda: fpsim.sum(x16[: 1000 * 256].reshape(1000, 256), "fp16", axis=0), max(1, rep // 2))
@@ -86,6 +134,31 @@ def main() -> None:
     one = np.ones(1)
     t_step = best(lambda: ctx.add(one, one, exact_inputs=True), 50)
     print(f"  one Context.add on a 1-element array: {t_step * 1e6:.1f} us")
+
+    nb = a.nbits
+    x = np.random.default_rng(1).standard_normal(nb).astype(np.float32)
+    dst = np.empty_like(x)
+    t_copy = best(lambda: np.copyto(dst, x), rep)
+    t_fresh = best(lambda: x.copy(), rep)
+    t_round = best(lambda: fpsim.round(x, "bf16"), rep)
+    print(f"\nto_bits and analyze of {nb:,} float32 N(0,1) values, ratio to np.copyto of the same array "
+          f"({t_copy * 1e3:.2f} ms; goal <= 3x); a copy into a fresh array is {t_fresh / t_copy:.2f}x, "
+          f"fpsim.round bf16 {t_round / t_copy:.2f}x:")
+    print(f"  {'operation':34s} {'compiled':>9s} {'ratio':>7s} {'NumPy ref':>10s} {'ratio':>7s}")
+    threads0 = rounding.max_threads
+    for fmt in ("bf16", "fp8_e4m3"):
+        for label, fn, mod, flag in (
+                (f"to_bits {fmt}", lambda: fpsim.to_bits(x, fmt), bits, "use_c_bits"),
+                (f"analyze {fmt}", lambda: fpsim.analyze(x, fmt), rounding, "use_c_analyze")):
+            tc, tr = _pair(fn, mod, flag, max(3, rep // 3))
+            rounding.max_threads = 1  # the compiled encoder and counts split blocks over threads by default
+            try:
+                t1 = best(fn, max(3, rep // 3))
+            finally:
+                rounding.max_threads = threads0
+            print(f"  {label:34s} {tc * 1e3:7.2f}ms {tc / t_copy:6.2f}x {tr * 1e3:8.2f}ms {tr / t_copy:6.2f}x"
+                  f"   (max_threads=1: {t1 / t_copy:.2f}x)")
+    print(f"load average at end: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
 
 
 if __name__ == "__main__":

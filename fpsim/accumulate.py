@@ -42,7 +42,12 @@ from ._sumtree import SumTree
 from .arith import Context, _two_prod
 from .array import _register_reductions
 from .formats import Format, FormatLike
-from .rounding import Overflow, RoundingLike, _as_float_array
+from .rounding import Overflow, Rounding, RoundingLike, _as_float_array
+
+try:  # the compiled pairwise tree (fpsim/_carith.c); _pairwise below stays the reference and fallback
+    from . import _carith  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - no compiler at install time
+    _carith = None
 
 __all__ = ["ORDERS", "SumTree", "dot", "matmul", "sum"]
 
@@ -112,7 +117,40 @@ def _seq(acc: Context, t: np.ndarray, exact: bool) -> np.ndarray:
     return np.asarray(s)
 
 
+use_c_sum = _carith is not None
+"""Whether ``sum(order="pairwise")`` takes the compiled tree of fpsim/_carith.c where it applies
+(round-to-nearest-even, IEEE options, an IEEE-style format with p <= 25, no separate accumulator format);
+set False to force the NumPy reference (:func:`_pairwise`). The results are the same bits."""
+
+
+def _c_pairwise_kind(out: Context, acc: Context) -> int | None:
+    """0 (fp32: float casts) or 1 (another IEEE-style format) where the compiled pairwise tree applies."""
+    f = out.fmt
+    if not (use_c_sum and _carith is not None) or acc.fmt != f or out.mode is not Rounding.RNE:
+        return None
+    if out.overflow is not Overflow.IEEE or not out.subnormals or not (f.has_inf and f.has_nan and f.subnormals
+                                                                        and f.signed_zero and f.signed and f.has_zero):
+        return None
+    if f.nan_code is None or f.p > 25 or f.emax > 1000 or f.emin < -1000 or f.width != 1 + f.ebits + f.mbits:
+        return None
+    return 0 if (f.p, f.emin, f.emax) == (24, -126, 127) else 1
+
+
+def _pairwise_c(a: np.ndarray, axes: tuple[int, ...], rest: list[int], kind: int, f: Format) -> np.ndarray:
+    """The pairwise tree over ``axes`` of a float32/float64 array in compiled code: shape (m,) float64."""
+    assert _carith is not None
+    t = np.transpose(a, list(axes) + rest)
+    n = math.prod(t.shape[: len(axes)])
+    m = t.size // n
+    x = np.ascontiguousarray(t).reshape(n, m)
+    r = np.empty(m)
+    _carith.pairwise_rne(x, r, n, m, int(x.dtype == np.float32), kind, f.p, f.emin, f.emax)
+    return r
+
+
 def _pairwise(acc: Context, t: np.ndarray, exact: bool) -> np.ndarray:
+    """The reference pairwise tree: level by level over axis 0, adjacent pairs added (an odd last element
+    carried), so node j of level k sums terms [j 2^k, (j+1) 2^k)."""
     while t.shape[0] > 1:
         m = t.shape[0] // 2
         s = acc.add(np.ascontiguousarray(t[0 : 2 * m : 2]), np.ascontiguousarray(t[1 : 2 * m : 2]),
@@ -420,16 +458,26 @@ def sum(
     9984.0
     >>> float(fpsim.sum(np.ones(10_000), "bf16", order="exact"))
     9984.0
+
+    ``order="pairwise"`` with round-to-nearest-even and the default options, into an IEEE-style format with
+    p <= 25 (fp32, tf32, fp16, bf16, fp8_e5m2) and no separate ``accumulate`` format, runs the same tree in
+    compiled code (fpsim/_carith.c; same bits; ``fpsim.accumulate.use_c_sum = False`` forces the NumPy
+    reference).
     """
     order = _check_order(order)
     blk = _check_block(block, order)
     out, acc = _contexts(fmt, accumulate, rounding, overflow, subnormals, rng)
     a, _ = _as_float_array(x)
-    a = np.asarray(a, dtype=np.float64)
+    kind = _c_pairwise_kind(out, acc) if order == "pairwise" else None
+    if kind is None or a.dtype not in (np.float32, np.float64):
+        a = np.asarray(a, dtype=np.float32 if kind is not None and a.dtype == np.float16 else np.float64)
     axes = _normalize_axes(axis, a.ndim)
     keep_shape = tuple(1 if i in axes else n for i, n in enumerate(a.shape)) if keepdims else None
     rest = [i for i in range(a.ndim) if i not in axes]
     rest_shape = tuple(a.shape[i] for i in rest)
+    if kind is not None and a.size:  # the compiled tree: leaves rounded and summed in one pass (same bits)
+        return _result(_pairwise_c(a, axes, rest, kind, out.fmt).reshape(rest_shape), False, keep_shape)
+    a = np.asarray(a, dtype=np.float64)
     # reduced axes first, flattened into one, the others into a second: shape (n, m)
     t = np.transpose(a, list(axes) + rest).reshape(-1, math.prod(rest_shape))
     t = out.round(np.ascontiguousarray(t))

@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from ._checks import check_out
 from ._fpenv import ieee_mode
 from ._interop import returns_input_kind
 from .formats import Format, FormatLike, as_format
@@ -453,21 +454,32 @@ def _prepare(args: tuple[Any, ...], names: tuple[str, ...]) -> tuple[list[np.nda
 
 
 def _run(op: str, args: tuple[Any, ...], names: tuple[str, ...], fmt: FormatLike, rounding: RoundingLike,
-         overflow: Overflow | str, subnormals: bool, rng: np.random.Generator | None) -> Any:
+         overflow: Overflow | str, subnormals: bool, rng: np.random.Generator | None,
+         out: np.ndarray | None = None) -> Any:
     ctx = Context(fmt, rounding, overflow=overflow, subnormals=subnormals, rng=rng)
     xs, all32, scalar, shape = _prepare(args, names)
-    r = getattr(ctx, op)(*xs)
-    if all32 and ctx.fmt.fits_float32:
-        r = r.astype(np.float32)
-    r = r.reshape(shape)
+    dt = np.dtype(np.float32) if all32 and ctx.fmt.fits_float32 else np.dtype(_F64)
+    if out is not None:
+        user = check_out(out, shape, dt)
+        if _direct(user, tuple(xs)):  # also in place: an operand that is out itself
+            getattr(ctx, op)(*xs, out=user.reshape(-1))
+        else:
+            np.copyto(user, getattr(ctx, op)(*xs, out=np.empty(user.size, dtype=dt)).reshape(shape))
+        return user
+    r = getattr(ctx, op)(*xs, out=np.empty(math.prod(shape), dtype=dt)).reshape(shape)
     return r[()] if scalar or r.ndim == 0 else r
+
+
+def _no_fparray_out(out: Any, name: str) -> None:
+    if out is not None:
+        raise TypeError(f"{name}: out= needs fmt (it is not supported for FPArray operands with fmt=None)")
 
 
 @ieee_mode
 @returns_input_kind
 def add(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike = "rne",
         overflow: Overflow | str = "ieee", subnormals: bool = True, rng: np.random.Generator | None = None,
-        as_dtype: bool = False) -> Any:
+        out: np.ndarray | None = None, as_dtype: bool = False) -> Any:
     """``a + b`` computed exactly and rounded once into ``fmt``; broadcasts like ``np.add``.
 
     Parameters
@@ -488,7 +500,12 @@ def add(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike
         ``False`` flushes subnormal results to signed zero.
     rng : numpy.random.Generator, optional
         Random bits for ``"sr"`` (required for it).
-
+    out : numpy.ndarray, optional
+        Where to write the result, as NumPy ufuncs take it: a writeable ndarray of exactly the result's
+        shape and dtype (float32 when all operands are float32 and ``fmt`` fits float32, else float64;
+        no casting), which may be one of the operands (in place). The call returns ``out`` itself, with
+        the same bits as without it, also for torch/JAX operands. Scalar operands give a 0-d result, so
+        ``out`` then has shape ``()``. Not with ``as_dtype=True`` nor with ``fmt=None`` (FPArray operands).
     as_dtype : bool, optional
         ``True``: the result in the input library's own dtype of the format (ml_dtypes for NumPy input,
         ``torch.bfloat16``, ``jnp.float8_e4m3fn``, ...) instead of a float32/float64 carrier; applied at
@@ -507,17 +524,29 @@ def add(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike
     258.0
     >>> float(fpsim.add(1.0, -1.0, "fp16", rounding="rdn"))  # exact zero sum under rdn
     -0.0
+
+    In place, with ``out=`` (no new array):
+
+    >>> import numpy as np
+    >>> x = np.array([256.0, 1.0])
+    >>> fpsim.add(x, 1.0, "bf16", rounding="rup", out=x) is x
+    True
+    >>> x.tolist()
+    [258.0, 2.0]
+    >>> fpsim.add(256.0, 1.0, "bf16", out=np.empty(()))     # scalar operands: a 0-d out
+    array(256.)
     """
     if fmt is None:
+        _no_fparray_out(out, "add")
         return _fparray_op("add", (a, b))
-    return _run("add", (a, b), ("a", "b"), fmt, rounding, overflow, subnormals, rng)
+    return _run("add", (a, b), ("a", "b"), fmt, rounding, overflow, subnormals, rng, out)
 
 
 @ieee_mode
 @returns_input_kind
 def sub(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike = "rne", overflow: Overflow | str = "ieee",
         subnormals: bool = True, rng: np.random.Generator | None = None,
-        as_dtype: bool = False) -> Any:
+        out: np.ndarray | None = None, as_dtype: bool = False) -> Any:
     """``a - b`` computed exactly and rounded once into ``fmt`` (see :func:`add`).
 
     >>> import fpsim
@@ -527,15 +556,16 @@ def sub(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike
     0.99951171875
     """
     if fmt is None:
+        _no_fparray_out(out, "sub")
         return _fparray_op("sub", (a, b))
-    return _run("sub", (a, b), ("a", "b"), fmt, rounding, overflow, subnormals, rng)
+    return _run("sub", (a, b), ("a", "b"), fmt, rounding, overflow, subnormals, rng, out)
 
 
 @ieee_mode
 @returns_input_kind
 def mul(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike = "rne", overflow: Overflow | str = "ieee",
         subnormals: bool = True, rng: np.random.Generator | None = None,
-        as_dtype: bool = False) -> Any:
+        out: np.ndarray | None = None, as_dtype: bool = False) -> Any:
     """``a * b`` computed exactly and rounded once into ``fmt`` (see :func:`add` for the parameters).
 
     >>> import fpsim
@@ -545,15 +575,16 @@ def mul(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike
     nan
     """
     if fmt is None:
+        _no_fparray_out(out, "mul")
         return _fparray_op("mul", (a, b))
-    return _run("mul", (a, b), ("a", "b"), fmt, rounding, overflow, subnormals, rng)
+    return _run("mul", (a, b), ("a", "b"), fmt, rounding, overflow, subnormals, rng, out)
 
 
 @ieee_mode
 @returns_input_kind
 def div(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike = "rne", overflow: Overflow | str = "ieee",
         subnormals: bool = True, rng: np.random.Generator | None = None,
-        as_dtype: bool = False) -> Any:
+        out: np.ndarray | None = None, as_dtype: bool = False) -> Any:
     """``a / b`` correctly rounded into ``fmt`` (see :func:`add` for the parameters).
 
     >>> import fpsim
@@ -565,15 +596,16 @@ def div(a: Any, b: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike
     -inf
     """
     if fmt is None:
+        _no_fparray_out(out, "div")
         return _fparray_op("div", (a, b))
-    return _run("div", (a, b), ("a", "b"), fmt, rounding, overflow, subnormals, rng)
+    return _run("div", (a, b), ("a", "b"), fmt, rounding, overflow, subnormals, rng, out)
 
 
 @ieee_mode
 @returns_input_kind
 def sqrt(a: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike = "rne", overflow: Overflow | str = "ieee",
          subnormals: bool = True, rng: np.random.Generator | None = None,
-        as_dtype: bool = False) -> Any:
+        out: np.ndarray | None = None, as_dtype: bool = False) -> Any:
     """Square root correctly rounded into ``fmt`` (see :func:`add` for the parameters).
 
     >>> import fpsim
@@ -583,15 +615,16 @@ def sqrt(a: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike = "rne
     (-0.0, nan)
     """
     if fmt is None:
+        _no_fparray_out(out, "sqrt")
         return _fparray_op("sqrt", (a,))
-    return _run("sqrt", (a,), ("a",), fmt, rounding, overflow, subnormals, rng)
+    return _run("sqrt", (a,), ("a",), fmt, rounding, overflow, subnormals, rng, out)
 
 
 @ieee_mode
 @returns_input_kind
 def fma(a: Any, b: Any, c: Any, fmt: FormatLike | None = None, *, rounding: RoundingLike = "rne",
         overflow: Overflow | str = "ieee", subnormals: bool = True, rng: np.random.Generator | None = None,
-        as_dtype: bool = False) -> Any:
+        out: np.ndarray | None = None, as_dtype: bool = False) -> Any:
     """Fused multiply-add ``a * b + c``, computed exactly and rounded once into ``fmt``.
 
     Exact for every finite input (fp32 operands included: their product is exact in float64 and the
@@ -606,10 +639,25 @@ def fma(a: Any, b: Any, c: Any, fmt: FormatLike | None = None, *, rounding: Roun
     0.00048828125
     >>> float(fpsim.fma(2.0**-12, 2.0**-12, 1.0, "fp16", rounding="rup"))
     1.0009765625
+
+    ``out=`` as for :func:`add`; float32 operands into fp32 give a float32 result, so ``out`` is float32
+    (here the addend is overwritten, as an accumulator would be):
+
+    >>> import numpy as np
+    >>> acc = np.zeros(3, np.float32)
+    >>> w = np.array([0.1, 0.2, 0.3], np.float32)
+    >>> _ = fpsim.fma(w, w, acc, "fp32", out=acc)
+    >>> acc.dtype.name, float(acc[2]) == float(np.float32(0.3) * np.float32(0.3))
+    ('float32', True)
+
+    With float32 or float64 operands the compiled path (fpsim/_carith.c: two hardware FMAs rounded upward
+    and downward give the round-to-odd float64 of the exact result, then one rounding) is used where built;
+    ``fpsim.arith.use_c_arith = False`` forces the NumPy reference below, with the same bits.
     """
     if fmt is None:
+        _no_fparray_out(out, "fma")
         return _fparray_op("fma", (a, b, c))
-    return _run("fma", (a, b, c), ("a", "b", "c"), fmt, rounding, overflow, subnormals, rng)
+    return _run("fma", (a, b, c), ("a", "b", "c"), fmt, rounding, overflow, subnormals, rng, out)
 
 
 _LB = 26  # limb width of the exact fp64 FMA
@@ -762,6 +810,28 @@ def _fma_fp64(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
 
 _CH = 1 << 15  # elements per chunk: the temporaries of the error-free transformations stay in cache
 
+try:  # compiled hot paths (fpsim/_carith.c); the NumPy code here stays the reference and fallback
+    from . import _carith  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - exercised where no compiler was available
+    _carith = None
+
+use_c_arith = _carith is not None
+"""Whether :func:`fma` (and :meth:`Context.fma`) use the compiled RO53 of fpsim/_carith.c (set False to
+force the NumPy reference); the results are the same bits."""
+
+
+def _direct(out: np.ndarray, xs: tuple[np.ndarray, ...]) -> bool:
+    """Whether results can be written straight into ``out`` chunk by chunk: it is C-contiguous, and every
+    operand either shares no memory with it or is the same memory element for element (in place)."""
+    if not out.flags.c_contiguous:
+        return False
+    for x in xs:
+        if np.may_share_memory(x, out) and not (
+                x.flags.c_contiguous and x.dtype == out.dtype and x.shape == out.shape
+                and x.ctypes.data == out.ctypes.data):
+            return False
+    return True
+
 
 class Context:
     """Correctly rounded arithmetic in one format and mode, on float64 arrays, with low per-call overhead.
@@ -772,12 +842,17 @@ class Context:
     NumPy arrays of one shape (no broadcasting here); results are new float64 arrays of that shape. With
     ``exact_inputs=True`` the caller promises that the operands are values of the format, which enables
     the plain-float64 shortcut for round-to-nearest-even in formats with ``p <= 25`` (double rounding is
-    innocuous there).
+    innocuous there). Every operation (and :meth:`round`) takes ``out=``: a writeable ndarray of the
+    operands' shape, float64 (or float32 for a format that fits float32), which may be an operand (in place);
+    the result is written there and ``out`` returned.
 
     >>> import numpy as np, fpsim
     >>> ctx = fpsim.arith.Context("bf16", "rup")
     >>> ctx.add(np.array([256.0]), np.array([1.0]))
     array([258.])
+    >>> s = np.array([256.0, 1.0])
+    >>> ctx.add(s, np.array([1.0, 1.0]), out=s) is s, s.tolist()
+    (True, [258.0, 2.0])
     """
 
     def __init__(self, fmt: FormatLike, rounding: RoundingLike = "rne", *, overflow: Overflow | str = "ieee",
@@ -791,6 +866,11 @@ class Context:
         self._rdn = self.mode is Rounding.RDN
         self._shortcut = self.mode is Rounding.RNE and self.fmt.p <= 25
         self._bounded = self.fmt.emax <= 500 and self.fmt.emin - self.fmt.mbits >= -500
+        # fp32 with IEEE options in rne/rtz/rup: the compiled fma casts its RO53 result in that hardware mode
+        f = self.fmt
+        ieee32 = (f.p == 24 and f.emin == -126 and f.emax == 127 and f.has_inf and f.has_nan and f.subnormals
+                  and f.signed_zero and self.subnormals and self.overflow is Overflow.IEEE)
+        self._hw32 = {Rounding.RNE: 0, Rounding.RTZ: 1, Rounding.RUP: 2}.get(self.mode) if ieee32 else None
         self._plan = None if self.native else _r._plan(_r._F64, self.fmt, self.mode, self.overflow,
                                                         self.subnormals and self.fmt.subnormals, None)
         # The compiled kernel of fpsim.rounding when present (same results as the NumPy kernel, less
@@ -804,7 +884,7 @@ class Context:
 
     # -- rounding -----------------------------------------------------------------------------------
     def _round_chunk(self, x: np.ndarray) -> np.ndarray:
-        """Round a contiguous 1-D float64 array of at most _CH elements."""
+        """Round a contiguous 1-D float64 array (a chunk of _CH elements, or 4 _CH for the compiled fma)."""
         from . import rounding as _r
 
         bits = x.view(_U64)
@@ -824,69 +904,140 @@ class Context:
             x = np.clip(x, -self.fmt.max, self.fmt.max)
         return x
 
-    def round(self, x: np.ndarray) -> np.ndarray:
+    def round(self, x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
         """Round float64 values (exact values, or RO53 of exact results) into the format."""
-        return self._apply(lambda v: v, x)
+        return self._apply(lambda v: v, x, out=out)
 
-    def _apply(self, core: Callable[..., np.ndarray], *xs: np.ndarray) -> np.ndarray:
-        """round(core(*chunk)) over cache-sized chunks of same-shaped float64 operands."""
+    def _out(self, out: np.ndarray | None, shape: tuple[int, ...], xs: tuple[np.ndarray, ...]
+             ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """(the user's out checked, the flat array to write into): out itself where that is safe, else None
+        (results go to a new array, copied into out at the end)."""
+        if out is None:
+            return None, None
+        dt = out.dtype if out.dtype == np.float32 and self.fmt.fits_float32 else _F64
+        res = check_out(out, shape, dt)
+        return res, (res.reshape(-1) if _direct(res, xs) else None)
+
+    def _apply(self, core: Callable[..., np.ndarray], *xs: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """round(core(*chunk)) over cache-sized chunks of same-shaped float64 operands, into ``out``
+        (float64, or float32 for a format that fits it) when given."""
         shape = xs[0].shape
+        user, dst = self._out(out, shape, xs)
         flat = [x.reshape(-1) for x in xs]  # float32 operands are widened chunk by chunk (in cache)
         n = flat[0].size
         with np.errstate(all="ignore"):
-            if n <= _CH:
+            if n <= _CH and dst is None:
                 r = np.ascontiguousarray(core(*[np.asarray(f, dtype=_F64) for f in flat]), dtype=_F64)
-                out = self._native(r) if self.native else self._round_chunk(r)
-                return out.reshape(shape)
-            out = np.empty(n)
+                res = self._native(r) if self.native else self._round_chunk(r)
+                if user is None:
+                    return res.reshape(shape)
+                np.copyto(user, res.reshape(shape))
+                return user
+            buf = dst if dst is not None else np.empty(n, dtype=_F64 if user is None else user.dtype)
             for i in range(0, n, _CH):
                 r = np.ascontiguousarray(core(*[np.asarray(f[i : i + _CH], dtype=_F64) for f in flat]), dtype=_F64)
-                out[i : i + _CH] = self._native(r) if self.native else self._round_chunk(r)
-        return out.reshape(shape)
+                buf[i : i + _CH] = self._native(r) if self.native else self._round_chunk(r)
+        if user is None:
+            return buf.reshape(shape)
+        if dst is None:
+            np.copyto(user, buf.reshape(shape))
+        return user
 
     # -- operations ---------------------------------------------------------------------------------
-    def add(self, a: np.ndarray, b: np.ndarray, *, exact_inputs: bool = False) -> np.ndarray:
+    # Each takes ``out=``: a writeable ndarray of the operands' shape, float64 (or float32 when the format
+    # fits it), which may be one of the operands; the result is written there and ``out`` returned.
+    def add(self, a: np.ndarray, b: np.ndarray, *, exact_inputs: bool = False,
+            out: np.ndarray | None = None) -> np.ndarray:
         """a + b, rounded once."""
         if a.size == 1 and b.size == 1 and a.shape == b.shape and not self.native:
             # one element (a 1-D running sum): the same TwoSum and round-to-odd on Python floats
             r = _add_ro_scalar(float(a.reshape(-1)[0]), float(b.reshape(-1)[0]), self._rdn)
             if r is not None:
-                return self._round_chunk(np.full(1, r)).reshape(a.shape)
+                res = self._round_chunk(np.full(1, r)).reshape(a.shape)
+                if out is None:
+                    return res
+                user = self._out(out, a.shape, ())[0]
+                assert user is not None
+                np.copyto(user, res)
+                return user
         if self.native or (exact_inputs and self._shortcut):
-            return self._apply(np.add, a, b)
+            return self._apply(np.add, a, b, out=out)
         rdn = self._rdn
-        return self._apply(lambda x, y: _add_ro(x, y, rdn), a, b)
+        return self._apply(lambda x, y: _add_ro(x, y, rdn), a, b, out=out)
 
-    def sub(self, a: np.ndarray, b: np.ndarray, *, exact_inputs: bool = False) -> np.ndarray:
+    def sub(self, a: np.ndarray, b: np.ndarray, *, exact_inputs: bool = False,
+            out: np.ndarray | None = None) -> np.ndarray:
         """a - b, rounded once."""
-        return self.add(a, -b, exact_inputs=exact_inputs)
+        return self.add(a, -b, exact_inputs=exact_inputs, out=out)
 
-    def mul(self, a: np.ndarray, b: np.ndarray, *, exact_inputs: bool = False) -> np.ndarray:
+    def mul(self, a: np.ndarray, b: np.ndarray, *, exact_inputs: bool = False,
+            out: np.ndarray | None = None) -> np.ndarray:
         """a * b, rounded once."""
         if self.native:
-            return self._apply(np.multiply, a, b)
+            return self._apply(np.multiply, a, b, out=out)
         known_short = (exact_inputs and self.fmt.p <= 26) or (a.dtype == np.float32 and b.dtype == np.float32)
-        return self._apply(lambda x, y: _mul_ro(x, y, known_short or (_short(x) and _short(y))), a, b)
+        return self._apply(lambda x, y: _mul_ro(x, y, known_short or (_short(x) and _short(y))), a, b, out=out)
 
-    def div(self, a: np.ndarray, b: np.ndarray, *, exact_inputs: bool = False) -> np.ndarray:
+    def div(self, a: np.ndarray, b: np.ndarray, *, exact_inputs: bool = False,
+            out: np.ndarray | None = None) -> np.ndarray:
         """a / b, rounded once."""
         if self.native or (exact_inputs and self._shortcut):
-            return self._apply(np.divide, a, b)
-        return self._apply(_div_ro, a, b)
+            return self._apply(np.divide, a, b, out=out)
+        return self._apply(_div_ro, a, b, out=out)
 
-    def sqrt(self, a: np.ndarray, *, exact_inputs: bool = False) -> np.ndarray:
+    def sqrt(self, a: np.ndarray, *, exact_inputs: bool = False, out: np.ndarray | None = None) -> np.ndarray:
         """Square root, rounded once."""
         if self.native or (exact_inputs and self._shortcut):
-            return self._apply(np.sqrt, a)
-        return self._apply(_sqrt_ro, a)
+            return self._apply(np.sqrt, a, out=out)
+        return self._apply(_sqrt_ro, a, out=out)
 
-    def fma(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, *, exact_inputs: bool = False) -> np.ndarray:
+    def fma(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, *, exact_inputs: bool = False,
+            out: np.ndarray | None = None) -> np.ndarray:
         """a * b + c, rounded once."""
         if self.native:
-            return self._apply(_fma_fp64, a, b, c)
+            return self._apply(_fma_fp64, a, b, c, out=out)
+        if use_c_arith and _carith is not None and a.shape == b.shape == c.shape:
+            return self._fma_c(a, b, c, out)
+        return self._fma_numpy(a, b, c, exact_inputs=exact_inputs, out=out)
+
+    def _fma_numpy(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, *, exact_inputs: bool = False,
+                   out: np.ndarray | None = None) -> np.ndarray:
+        """The NumPy reference of :meth:`fma` (error-free transformations; see the module docstring)."""
         f32 = a.dtype == np.float32 and b.dtype == np.float32
         known_short = (exact_inputs and self.fmt.p <= 26) or f32
         bounded = f32 or (exact_inputs and self._bounded)
         rdn = self._rdn
         return self._apply(
-            lambda x, y, z: _fma_ro(x, y, z, known_short or (_short(x) and _short(y)), rdn, bounded), a, b, c)
+            lambda x, y, z: _fma_ro(x, y, z, known_short or (_short(x) and _short(y)), rdn, bounded), a, b, c,
+            out=out)
+
+    def _fma_c(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+        """:meth:`fma` through the compiled RO53 (fpsim/_carith.c): two hardware FMAs rounded upward and
+        downward give the round-to-odd float64 of the exact result for any operands; fp32 targets in
+        rne/rtz/rup are then one cast, others one call of the rounding kernel per chunk."""
+        assert _carith is not None
+        shape = a.shape
+        user, dst = self._out(out, shape, (a, b, c))
+        in32 = a.dtype == b.dtype == c.dtype == np.float32
+        dt = np.float32 if in32 else _F64
+        fa, fb, fc = (np.ascontiguousarray(x, dtype=dt).reshape(-1) for x in (a, b, c))
+        n = fa.size
+        buf = dst if dst is not None else np.empty(n, dtype=_F64 if user is None else user.dtype)
+        if self._hw32 is not None and buf.flags.c_contiguous:  # fp32: the hardware cast is the rounding
+            _carith.fma_ro(fa, fb, fc, buf, int(in32), self._hw32, int(buf.dtype == _F64))
+        else:
+            ch = 4 * _CH  # the RO53 chunk is the only temporary: larger chunks, fewer calls
+            ro = np.empty(min(n, ch))
+            with np.errstate(all="ignore"):
+                for i in range(0, n, ch):
+                    j = min(n, i + ch)
+                    r = ro[: j - i]
+                    _carith.fma_ro(fa[i:j], fb[i:j], fc[i:j], r, int(in32), 0)
+                    if self._rdn:
+                        r = _fma_zero_sign(r, fa[i:j], fb[i:j], fc[i:j], True)
+                    buf[i:j] = self._round_chunk(np.ascontiguousarray(r))
+        if user is None:
+            return buf.reshape(shape)
+        if dst is None:
+            np.copyto(user, buf.reshape(shape))
+        return user

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,72 @@ def code_dtype(fmt: FormatLike) -> type:
     """The smallest unsigned integer dtype that holds the format's codes."""
     w = as_format(fmt).width
     return np.uint8 if w <= 8 else np.uint16 if w <= 16 else np.uint32 if w <= 32 else np.uint64
+
+
+try:  # compiled encoder (fpsim/_carith.c); _encode below stays the reference and fallback
+    from . import _carith  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - no compiler at install time
+    _carith = None
+
+use_c_bits = _carith is not None
+"""Whether :func:`to_bits` encodes through the compiled loop of fpsim/_carith.c (set False to force the
+NumPy reference `_encode`); the codes are the same."""
+
+
+def _c_encodable(f: Format) -> bool:
+    """Formats the compiled encoder handles: a zero, at most 32 bits, every value a normal float64."""
+    return bool(f.has_zero and f.width <= 32 and f.emin - f.mbits >= -1022
+                and f.width == int(f.signed) + f.ebits + f.mbits)
+
+
+_TABLES: dict[Format, np.ndarray] = {}
+_CPUS = min(os.cpu_count() or 1, 8)
+
+
+def _threads() -> int:
+    """Threads for the compiled encoder: ``fpsim.rounding.max_threads`` (None: one per CPU, at most 8)."""
+    from . import rounding as _r
+
+    return int(_r.max_threads) if _r.max_threads is not None else _CPUS
+
+
+def _code_table(f: Format) -> np.ndarray:
+    """For a format of at most 8 bits that fits float32: the code of every float32 pattern's top
+    ``9 + mbits`` bits (sign, exponent, top mantissa bits), made by the reference encoder; 0xFFFF where
+    that pattern is not a value of the format (the canonical NaN is, where the format has a NaN)."""
+    t = _TABLES.get(f)
+    if t is None:
+        sh = 23 - f.mbits
+        v = (np.arange(1 << (32 - sh), dtype=np.uint32) << np.uint32(sh)).view(np.float32)
+        with np.errstate(all="ignore"):
+            r = np.asarray(round(v, f), dtype=np.float32)
+        nan = np.isnan(v)
+        ok = (r.view(np.uint32) == v.view(np.uint32)) & ~nan
+        if f.nan_code is not None:
+            ok |= v.view(np.uint32) == np.uint32(0x7FC00000)  # the carrier's canonical NaN
+        t = np.full(v.size, 0xFFFF, dtype=np.uint32)
+        t[ok] = _encode(v[ok].astype(np.float64), f)
+        _TABLES[f] = t
+    return t
+
+
+def _encode_c(r: np.ndarray, f: Format, out: np.ndarray) -> bool:
+    """Encode the rounded block ``r`` (float32/float64) into ``out`` in compiled code; False where some value
+    needs the reference (NaN without a NaN code, a value not in the format, ...), which then raises."""
+    assert _carith is not None
+    if r.dtype not in (np.float32, np.float64) or not out.flags.c_contiguous:
+        return False
+    if r.dtype == np.float32 and f.width <= 8 and f.fits_float32 and f.mbits <= 7:  # a gather beats arithmetic
+        src32 = np.ascontiguousarray(r).reshape(-1)
+        return not _carith.encode_table(src32, out, _code_table(f), 23 - f.mbits, _threads())
+    if not _c_encodable(f):
+        return False
+    src = np.ascontiguousarray(r).reshape(-1)
+    nan_code = f.nan_code if f.nan_code is not None else 0
+    bad = _carith.encode(src, out, int(src.dtype == np.float32), f.mbits, f.bias, f.emin, int(f.has_inf),
+                         int(f.nan_code is not None), int(nan_code), int(f.signed), int(f.signed_zero), f.width,
+                         float(f.min_normal), float(f.max), _threads())
+    return not bad
 
 
 def _encode(v: np.ndarray, f: Format) -> np.ndarray:
@@ -68,7 +135,9 @@ def to_bits(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, overflow
     """Round ``x`` into ``fmt`` and return the bit patterns (uint8/uint16/uint32/uint64).
 
     NaN results get the format's canonical NaN code (sign clear); a format without NaN raises
-    ``ValueError`` for NaN input.
+    ``ValueError`` for NaN input. Rounds and encodes block by block (extra memory a few MiB); the encoding
+    runs in compiled code where fpsim/_carith.c is built (``fpsim.bits.use_c_bits = False`` forces the
+    NumPy reference; same codes).
 
     >>> import fpsim
     >>> hex(fpsim.to_bits(1.0, "bf16")), hex(fpsim.to_bits(-2.0, "fp8_e4m3"))
@@ -85,9 +154,13 @@ def to_bits(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, overflow
     srb = None if sr_bits is None else int(sr_bits)
     # Block by block: the float64 temporaries of the encoding stay a few MiB (not ~20x the input);
     # SR draws the same random words as one round() call of the whole array.
-    for i in range(0, flat.size, _BLOCK):
-        r = _round_array(flat[i : i + _BLOCK], f, mode, ov, bool(subnormals), rng, srb)
-        out[i : i + _BLOCK] = _encode(r, f)
+    fast = use_c_bits and _carith is not None and (_c_encodable(f) or (f.width <= 8 and f.fits_float32))
+    # compiled: larger blocks (one rounded block of at most 2 MiB is the only temporary), fewer calls
+    step = _BLOCK * 4 if fast else _BLOCK
+    for i in range(0, flat.size, step):
+        r = _round_array(flat[i : i + step], f, mode, ov, bool(subnormals), rng, srb)
+        if not (fast and _encode_c(r, f, out[i : i + step])):
+            out[i : i + step] = _encode(r, f)  # the reference (it raises for values it cannot encode)
     codes = out.reshape(a.shape)
     return codes[()] if codes.ndim == 0 else codes
 
