@@ -33,7 +33,12 @@ class BuildExt(build_ext):
                 if sys.platform != "darwin":
                     link_args.append("-s")  # drop the symbol table too (PyInit_* stays in .dynsym)
             for ext in self.extensions:
-                ext.extra_compile_args = list(ext.extra_compile_args or []) + compile_args
+                extra = list(compile_args)
+                if ext.name == "fpsim._carith":
+                    # its fma switches the rounding mode (fesetround): no constant folding, contraction or
+                    # reordering across the switch (gcc/clang spellings, hence here and not for MSVC)
+                    extra += ["-frounding-math", "-fno-trapping-math", "-ffp-contract=off"]
+                ext.extra_compile_args = list(ext.extra_compile_args or []) + extra
                 ext.extra_link_args = list(ext.extra_link_args or []) + link_args
         super().build_extensions()
 
@@ -60,8 +65,12 @@ class BdistWheel(bdist_wheel):
 setup(
     ext_modules=[
         Extension("fpsim._ckernel", sources=["fpsim/_ckernel.c"], optional=True),
+        # the compiled block-FMA GEMM (fpsim/mma/gemm.py); without it fpsim.mma runs its NumPy reference
+        Extension("fpsim._cgemm", sources=["fpsim/_cgemm.c"], optional=True),
         # FTZ/DAZ control (fpsim/_fpenv.py); without it fpsim refuses to run in a flush-to-zero thread
         Extension("fpsim._cfpenv", sources=["fpsim/_cfpenv.c"], optional=True),
+        # compiled hot paths of the arithmetic layer (fma, pairwise sums, to_bits, analyze); NumPy fallback
+        Extension("fpsim._carith", sources=["fpsim/_carith.c"], optional=True),
     ],
     cmdclass={"build_ext": BuildExt, "bdist_wheel": BdistWheel},
 )

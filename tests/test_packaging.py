@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ["fpsim/_ckernel.c", "fpsim/_cfpenv.c"]
+SOURCES = ["fpsim/_ckernel.c", "fpsim/_cfpenv.c", "fpsim/_cgemm.c", "fpsim/_carith.c"]
 SETUPTOOLS_FLOOR = (77, 0)  # PEP 639 (license expression) support
 KERNEL_MAX_BYTES = 300_000  # ~100 KB stripped on x86-64 gcc; 633 KB when it shipped with -g
 
@@ -79,7 +79,7 @@ def test_build_requires_a_setuptools_that_knows_license_expressions():
 def test_extensions_declared_optional_and_in_the_sdist():
     dist = _setup_dist()
     declared = {ext.name: ext for ext in dist.ext_modules}
-    assert set(declared) == {"fpsim._ckernel", "fpsim._cfpenv"}
+    assert set(declared) == {"fpsim._ckernel", "fpsim._cfpenv", "fpsim._cgemm", "fpsim._carith"}
     assert all(ext.optional for ext in declared.values())
     assert sorted(src for ext in declared.values() for src in ext.sources) == sorted(SOURCES)
     manifest = (ROOT / "MANIFEST.in").read_text(encoding="utf-8").split("\n")
@@ -192,7 +192,7 @@ def test_built_wheel_and_sdist(tmp_path):
     assert metadata["License-Expression"] == "BSD-3-Clause"
     assert metadata["License-File"] == "LICENSE"  # the licence text ships with the binaries, as BSD-3 requires
     assert metadata["License"] is None  # the deprecated field is gone
-    assert sorted(n.split("/")[-1].split(".")[0] for n in shared) == ["_cfpenv", "_ckernel"]
+    assert sorted(n.split("/")[-1].split(".")[0] for n in shared) == ["_carith", "_cfpenv", "_cgemm", "_ckernel"]
     for name, data in shared.items():
         debug_sections = [section for section in (b".debug_info", b".debug_line") if section in data]
         assert not debug_sections, f"{name} carries debug info: {debug_sections}"

@@ -5,13 +5,23 @@ output of a GEMM, tile by tile (memory stays bounded), optionally promoting the 
 accumulator every ``promote_every`` products (DeepSeek-V3's fix for FP8 on Hopper) and applying per-block
 dequantisation scales at each promotion.
 
+BFMA models run in a compiled kernel (``fpsim/_cgemm.c``: integer arithmetic, vectorised over outputs, tiled,
+threaded over output tiles with the GIL released; threads per :data:`fpsim.rounding.max_threads`) when it was
+built at install; it gives the same bits as the NumPy kernels of :mod:`fpsim.mma.model`, which stay as the
+reference and the fallback (``fpsim.mma.gemm.use_c_gemm = False`` forces them; tests/test_cgemm.py checks the
+two against each other on every NVIDIA preset). Promotion and scales are applied in NumPy on the kernel's
+partial sums. The generic ``wide``, ``fma_chain`` and ``pairwise`` models have compiled kernels too (without
+promotion); ``exact`` uses BLAS on error-free slices, the AMD kinds :mod:`fpsim.mma.amd`.
+
 What is *not* modelled: the order a real GEMM library (cuBLAS, CUTLASS) splits K across MMA instructions,
 warps and split-K partitions. Here every output is one chain of blocks in increasing K order.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -42,6 +52,18 @@ from .scaled import ScaledTensor
 
 __all__ = ["convert_inputs", "dot", "matmul"]
 
+try:  # the compiled BFMA GEMM (fpsim/_cgemm.c, built at install time); the NumPy path is reference and fallback
+    from .. import _cgemm  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - exercised where no compiler was available
+    _cgemm = None
+
+use_c_gemm: bool = _cgemm is not None
+"""Whether BFMA GEMMs and dots (``kind="bfma"``) and the generic ``wide``, ``fma_chain`` and ``pairwise`` GEMMs
+run in the compiled kernels (set False to force the NumPy reference).
+Threads: :data:`fpsim.rounding.max_threads`; the bits do not depend on it (each output is one chain)."""
+
+_C_MIN_PARALLEL = 1 << 20  # MACs below which the compiled GEMM runs on one thread
+
 _INPUT_ROUNDINGS = ("rne", "rtz", "exact")
 
 # Elements of one (k, Mt, Nt) product block (BFMA) or one (K, Mt, Nt) product array (generic models).
@@ -59,7 +81,8 @@ def convert_inputs(x: Any, fmt: Format, input_rounding: str | None, name: str) -
     ``"exact"`` raises ``ValueError`` if a value is not representable.
     """
     arr, _ = _as_float_array(x, name)
-    arr = np.asarray(arr, dtype=np.float64)
+    if arr.dtype != np.float32:  # float32 is rounded as it is (same values, half the memory traffic)
+        arr = np.asarray(arr, dtype=np.float64)
     if input_rounding is None:
         mode = "rtz" if fmt == tf32 else "rne"
     else:
@@ -189,6 +212,13 @@ def dot(a: Any, b: Any, c: Any = None, model: MMAModel | str | None = None, *,
     r = int(np.prod(shape, dtype=np.int64))
     at = np.ascontiguousarray(av.reshape(r, k).T)  # (K, R)
     bt = np.ascontiguousarray(bv.reshape(r, k).T)
+    cflat = cv.reshape(r)
+    params = _c_params(m) if use_c_gemm and _cgemm is not None and k and r else None
+    if params is not None:
+        res = _c_dot(at, bt, cflat, m, params).reshape(shape)
+        if a32 and b32:
+            res = res.astype(np.float32)
+        return res[()] if res.ndim == 0 else res
     has_specials = not (np.isfinite(at).all() and np.isfinite(bt).all() and np.isfinite(cv).all())
     lsb_top = _lsb_top(at, bt, m)
     xa, ea = _prepare(at, m)
@@ -340,14 +370,23 @@ def matmul(A: Any, B: Any, C: Any = None, *, model: MMAModel | BlockScaledModel 
     if batch and bv.ndim == 2 and scales is None:
         # One shared B: stack A's batch into rows, one large GEMM (same per-output chains, fewer calls).
         rows = int(np.prod(av.shape[:-1], dtype=np.int64))  # explicit: -1 is ambiguous when K or N is 0
-        flat = _matmul2d(av.reshape(rows, kk), bv, cv.reshape(rows, nn), m, promote_every, None)
+        flat = _matmul2d(av.reshape(rows, kk), bv, cv.reshape(rows, nn), m, promote_every, None, C is None)
         res = flat.reshape(out_shape)
     else:
         av_b = np.broadcast_to(av, batch + (mm, kk))
         bv_b = np.broadcast_to(bv, batch + (kk, nn))
-        res = np.empty(out_shape)
-        for idx in np.ndindex(*batch) if batch else [()]:
-            res[idx] = _matmul2d(av_b[idx], bv_b[idx], cv[idx], m, promote_every, scales)
+        params = _c_params(m) if use_c_gemm and _cgemm is not None else None
+        if batch and params is not None and scales is None and mm and nn and kk:
+            # a batch of GEMMs with their own B: one call of the compiled kernel for all of them
+            nbt = int(np.prod(batch, dtype=np.int64))
+            res = _c_matmul2d(av_b.reshape(nbt, mm, kk), bv_b.reshape(nbt, kk, nn), cv.reshape(nbt, mm, nn),
+                              m, params, promote_every, None, C is None).reshape(out_shape)
+        elif not batch:
+            res = _matmul2d(av, bv, cv, m, promote_every, scales, C is None)
+        else:
+            res = np.empty(out_shape)
+            for idx in np.ndindex(*batch):
+                res[idx] = _matmul2d(av_b[idx], bv_b[idx], cv[idx], m, promote_every, scales)
     if vec_b:
         res = res[..., 0]
     if vec_a:
@@ -355,6 +394,43 @@ def matmul(A: Any, B: Any, C: Any = None, *, model: MMAModel | BlockScaledModel 
     if a32 and b32:
         res = res.astype(np.float32)
     return res[()] if np.ndim(res) == 0 else res
+
+
+def _matmul_values(a: np.ndarray, b: np.ndarray, c: np.ndarray | None, m: MMAModel) -> np.ndarray:
+    """``c + a @ b`` under `m`, float32 out: the low-overhead entry of the training runtime (private).
+
+    The caller guarantees what :func:`matmul` checks and converts: `a` (..., M, K) and `b` (..., K, N) are
+    float32 arrays of values of ``m.input`` (already rounded; no :func:`convert_inputs`), `c` None or float32
+    values of ``m.output``, broadcastable to the output. A batch runs in one call of the compiled kernel (a
+    shared 2-D `b`: A's batch stacked into rows). Same bits as ``matmul(a, b, c, model=m)`` (float32);
+    tests/test_cgemm.py checks it on every NVIDIA preset family the policies use. Anything the kernel does not
+    take (no compiled GEMM, other kinds, empty shapes, 1-D operands) goes through :func:`matmul` itself.
+    """
+    params = _c_params(m) if use_c_gemm and _cgemm is not None else None
+    if params is None or a.ndim < 2 or b.ndim < 2:
+        return np.asarray(matmul(a, b, c, model=m), dtype=np.float32)
+    mm, kk, nn = a.shape[-2], a.shape[-1], b.shape[-1]
+    if mm == 0 or kk == 0 or nn == 0 or b.shape[-2] != kk:
+        return np.asarray(matmul(a, b, c, model=m), dtype=np.float32)
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    out_shape = batch + (mm, nn)
+    if b.ndim == 2:  # one shared B (also the plain 2-D GEMM): A's batch stacked into rows
+        a3 = a.reshape(1, -1, kk)
+        b3 = b[None]
+    else:
+        nbt = int(np.prod(batch, dtype=np.int64))
+        a3 = np.broadcast_to(a, batch + (mm, kk)).reshape(nbt, mm, kk)
+        b3 = np.broadcast_to(b, batch + (kk, nn)).reshape(nbt, kk, nn)
+    d_shape = (a3.shape[0], a3.shape[1], nn)
+    d: np.ndarray
+    if c is None:
+        d = np.zeros(d_shape)
+    else:
+        full = np.empty(out_shape)
+        full[...] = c  # float32 values of the output format: exact in float64
+        d = full.reshape(d_shape)
+    res = _c_matmul2d(a3, b3, d, m, params, None, None, True)
+    return res.astype(np.float32).reshape(out_shape)
 
 
 def _k_factors(t: ScaledTensor, g: int, k_axis: int) -> np.ndarray:
@@ -482,8 +558,145 @@ def _exact_matmul_split(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: MMAModel
     return out
 
 
+@functools.lru_cache(maxsize=128)
+def _c_params(m: MMAModel) -> tuple[int, ...] | None:
+    """Parameters of the compiled BFMA kernel for `m`, or None where it does not apply (NumPy path)."""
+    if m.kind != "bfma" or m.input_b is not None:
+        return None
+    fin, out = m.input, m.output
+    g = max(0, 23 + m.neab - 2 * fin.mbits)
+    pmax = ((1 << fin.p) - 1) ** 2 << g  # largest |m_a * m_b| (A's significand pre-shifted by g bits)
+    if not (fin.p <= 24 and pmax < 2**31 and -23 <= m.neab <= 6 and m.mb <= 28 and out.p <= 24 and m.k <= 4096):
+        return None
+    cs = min(m.k, (2**31 - 1) // pmax)  # products summed in int32 before widening: no overflow
+    return (m.k, 2 if m.grouping == "mod4" else 1, int(m.c_entry == "late" or m.grouping == "mod4"),
+            fin.mbits, fin.emin, m.neab, int(m.mel is not None), int(m.mel or 0), m.mb,
+            int(m.rounding == "rne"), out.emin, out.emax, out.mbits, cs)
+
+
+def _mod4_order(kp: int, ki: int) -> np.ndarray:
+    """K order that puts each instruction's G0 (i mod 4 in {0, 1}) before its G1: two consecutive blocks."""
+    idx = np.arange(ki)
+    order = np.concatenate([idx[idx % 4 < 2], idx[idx % 4 >= 2]])
+    res: np.ndarray = (np.arange(0, kp, ki)[:, None] + order[None, :]).reshape(-1)
+    return res
+
+
+def _c_dot(at: np.ndarray, bt: np.ndarray, c: np.ndarray, m: MMAModel, params: tuple[int, ...]) -> np.ndarray:
+    """The rows of :func:`dot` (``at``, ``bt``: (K, R) values, ``c``: (R,)) in the compiled kernel's dot mode."""
+    assert _cgemm is not None
+    kk, r = at.shape
+    ki = m.instruction_k
+    if m.grouping != "mod4":  # a last, partial block as it is (see _c_matmul2d)
+        kp, ap, bp = kk, np.ascontiguousarray(at, dtype=np.float64), np.ascontiguousarray(bt, dtype=np.float64)
+    else:
+        kp = kk + (-kk) % ki
+        ap = np.zeros((kp, r))
+        ap[:kk] = at
+        bp = np.zeros((kp, r))
+        bp[:kk] = bt
+    if m.grouping == "mod4":
+        perm = _mod4_order(kp, ki)
+        ap = np.ascontiguousarray(ap[perm])
+        bp = np.ascontiguousarray(bp[perm])
+    d = np.array(c, dtype=np.float64, order="C", copy=True)
+    _cgemm.bfma_gemm(ap, bp, d, 1, r, kp, 0, kp, params, _c_threads(r * kk), 1, min(max(r, 1), 128), 1, 1)
+    return d
+
+
+def _ieee_like(f: Format) -> bool:
+    """A format the compiled generic kernels round to: IEEE-style infinities, NaN, subnormals, signed zero."""
+    from ..formats import NaNEncoding
+
+    return bool(f.has_inf and f.subnormals and f.signed and f.signed_zero and f.nan == NaNEncoding.IEEE
+                and 1 <= f.mbits <= 24 and -1000 < f.emin and f.emax < 1000)
+
+
+@functools.lru_cache(maxsize=128)
+def _g_params(m: MMAModel) -> tuple[int, ...] | None:
+    """Parameters of the compiled generic kernel ("wide", "fma_chain", "pairwise"), or None (NumPy path)."""
+    if m.kind not in ("wide", "fma_chain", "pairwise") or m.input_b is not None:
+        return None
+    fin, acc, out = m.input, m.acc if m.kind != "wide" else m.output, m.output
+    if not (fin.p <= 26 and fin.emax <= 127 and fin.emin - fin.mbits >= -160 and _ieee_like(acc) and _ieee_like(out)):
+        return None
+    kind = {"wide": 0, "fma_chain": 1, "pairwise": 2}[m.kind]
+    return (kind, acc.mbits, acc.emin, acc.emax, out.mbits, out.emin, out.emax)
+
+
+def _c_threads(macs: int) -> int:
+    from .. import rounding
+
+    if macs < _C_MIN_PARALLEL:
+        return 1
+    mt = rounding.max_threads
+    return max(1, mt if mt is not None else min(os.cpu_count() or 1, 8))
+
+
+def _c_matmul2d(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: MMAModel, params: tuple[int, ...],
+                promote_every: int | None, scales: Any, c_owned: bool = False) -> np.ndarray:
+    """The BFMA chains of :func:`_matmul2d` in the compiled kernel (same bits); promotion and scales as there.
+
+    ``a``, ``b``, ``c`` are (M, K), (K, N), (M, N), or (nb, M, K), (nb, K, N), (nb, M, N) for a batch of
+    independent GEMMs in one call (then without scales). ``c_owned``: `c` is a scratch array of the caller's
+    (never a user's), which may then be chained in place."""
+    assert _cgemm is not None
+    if a.ndim == 2:
+        one: np.ndarray = _c_matmul2d(a[None], b[None], c[None], m, params, promote_every, scales, c_owned)[0]
+        return one
+    nbt, mm, kk = a.shape
+    nn = b.shape[2]
+    ki = m.instruction_k
+    step = ki if promote_every is None else promote_every
+    # The kernel takes a last, partial block as it is (its missing products are zeros, which never win E_max);
+    # the mod-4 grouping and the promotion groups are padded with zeros as in the NumPy path.
+    kp = kk if (m.grouping != "mod4" and promote_every is None) else kk + (-kk) % step
+    if kp == kk:
+        ap = np.ascontiguousarray(a, dtype=np.float64)
+        bp = np.ascontiguousarray(b, dtype=np.float64)
+    else:
+        ap = np.zeros((nbt, mm, kp))
+        ap[:, :, :kk] = a
+        bp = np.zeros((nbt, kp, nn))
+        bp[:, :kk] = b
+    if m.grouping == "mod4":
+        perm = _mod4_order(kp, ki)
+        ap = np.ascontiguousarray(ap[:, :, perm])
+        bp = np.ascontiguousarray(bp[:, perm])
+    threads = _c_threads(nbt * mm * nn * kk)
+    nt = min(nn, 128)
+    mt = max(1, min(mm, 32, -(-mm // max(1, threads))))
+
+    def chain(d: np.ndarray, k0: int, k1: int) -> None:
+        _cgemm.bfma_gemm(ap, bp, d, mm, nn, kp, k0, k1, params, threads, mt, nt, 0, nbt)
+
+    if promote_every is None:
+        if c_owned and c.flags.c_contiguous and c.dtype == np.float64 and c.shape == (nbt, mm, nn):
+            d = c  # matmul's own zeros (no C given): chained in place
+        else:
+            d = np.array(np.broadcast_to(c, (nbt, mm, nn)), dtype=np.float64, order="C", copy=True)
+        chain(d, 0, kp)
+        return d
+    groups = -(-kk // promote_every)
+    sa = sb = None
+    if scales is not None:
+        assert nbt == 1
+        sa, sb = _expand_scales(scales, mm, nn, groups)
+    acc = np.array(np.broadcast_to(c, (nbt, mm, nn)), dtype=np.float64, order="C", copy=True)
+    for g, k0 in enumerate(range(0, kp, promote_every)):
+        part = np.zeros((nbt, mm, nn))
+        chain(part, k0, min(kp, k0 + promote_every))
+        if sa is not None and sb is not None:
+            with np.errstate(over="ignore", invalid="ignore"):  # inf/NaN factors propagate
+                s = np.asarray(_fround(sa[:, g][:, None] * sb[g][None, :], fp32, "rne"), dtype=np.float64)
+            with np.errstate(invalid="ignore", over="ignore"):
+                part = s * part
+        acc = fma_round(part, acc, fp32)
+    return acc
+
+
 def _matmul2d(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: MMAModel, promote_every: int | None,
-              scales: Any) -> np.ndarray:
+              scales: Any, c_owned: bool = False) -> np.ndarray:
     mm, kk = a.shape
     nn = b.shape[1]
     if mm == 0 or nn == 0:
@@ -492,6 +705,17 @@ def _matmul2d(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: MMAModel, promote_
     if kk == 0:
         # The empty sum is +0 (IEEE 754 §9.4 sum): D = C + 0, which also turns a -0 addend into +0.
         return c + 0.0
+    if use_c_gemm and _cgemm is not None and m.kind == "bfma":
+        params = _c_params(m)
+        if params is not None:
+            return _c_matmul2d(a, b, c, m, params, promote_every, scales, c_owned)
+    if use_c_gemm and _cgemm is not None and promote_every is None and m.kind in ("wide", "fma_chain", "pairwise"):
+        gp = _g_params(m)
+        if gp is not None:
+            d = np.array(c, dtype=np.float64, order="C", copy=True)
+            _cgemm.generic_gemm(np.ascontiguousarray(a, dtype=np.float64), np.ascontiguousarray(b, dtype=np.float64),
+                                d, mm, nn, kk, gp, _c_threads(mm * nn * kk), 16, min(nn, 128))
+            return d
     at = np.ascontiguousarray(a.T)  # (K, M)
     bk = np.ascontiguousarray(b)  # (K, N)
     # C counts too: the exact kernels sum finite terms only (a NaN or inf addend went through them as garbage).

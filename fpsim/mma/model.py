@@ -18,7 +18,8 @@ The BFMA (reference ``tensorcore.md`` section 1) for one block of ``k`` products
 
 Integer-valued floats carry the ``Q_i``: products of fp16/fp8 inputs are exact in float32 and scaling by a
 power of two is exact, so ``numpy.trunc`` performs step 3 exactly; the sums run in float64, exact because
-every partial sum stays below ``2**53``.
+every partial sum stays below ``2**53``. :mod:`fpsim.mma.gemm` runs the same model in a compiled kernel
+(``fpsim/_cgemm.c``, integer significands and exponents) when it is built; these functions are its reference.
 """
 
 from __future__ import annotations

@@ -1,0 +1,751 @@
+/* The block-FMA (BFMA) GEMM of fpsim/mma/model.py in integer arithmetic (issue 17, section 1).
+ *
+ * The same model, step for step, as the NumPy reference (fpsim.mma.model.bfma / bfma_instruction, chained
+ * along K by fpsim.mma.gemm._matmul2d), which stays as the reference and the fallback; the tests
+ * (tests/test_cgemm.py) check the two bit for bit on every preset. For each output and each block of k
+ * products:
+ *
+ *   0. inputs are decomposed once: x = m * 2**(e - mbits_in) with e = max(floor(log2|x|), emin_in) and an
+ *      integer significand |m| < 2**p (A's significands are pre-shifted by G bits, see below);
+ *   1. E_i = e_a + e_b; E_c is the chain value's binary32 exponent (max(floor(log2|c|), -126));
+ *   2. E_max = max(E_i, E_c, mel);
+ *   3. Q_i = sign * (|m_a m_b| 2**G >> (E_max - E_i + c0)): the exact product truncated (sign-magnitude)
+ *      to the grid 2**(E_max - 23 - neab); the addend is truncated the same way from its double bits;
+ *   4. the Q_i are summed exactly (int32 in chunks that cannot overflow, then int64);
+ *   5. the sum is rounded once to mb fraction bits (RZ or RNE), quantum clamped at 2**(emin_out - mb),
+ *      overflow to inf, zero is +0.
+ * Instructions: nblk (1, or 2 for the mod-4 grouping, whose K order the caller has permuted so that G0 and
+ * G1 are consecutive blocks) blocks chained; with "late" C the instruction starts from 0 and its result is
+ * added to the chain value by one RNE addition in the output format (double sum, then rounded: as NumPy).
+ * Special values (step 0): a block whose products or addend hold a NaN or an infinity gives NaN (a NaN, an
+ * inf*0, or both infinities) or the infinity, exactly as fpsim.mma.model.specials.
+ *
+ * Vectorised over outputs (the inner loops run over N, contiguous, in 32-bit lanes), tiled (one tile of
+ * MT x NT outputs is chained over all of K with the k x NT block of B in L1), and threaded over tiles with
+ * pthreads, the GIL released. Every output is computed by one thread from its own inputs only, so the
+ * bits do not depend on the thread count.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#else
+#define CLONES
+#endif
+
+#define ZERO_EXP (-20000) /* exponent of a zero (or non-finite) input: never wins E_max */
+#define NT_MAX 256
+
+typedef struct {
+    int k, nblk, late, mbits_in, emin_in, neab, has_mel, mel, mb, rne, emin_out, emax_out, mbits_out, cs;
+    int G, c0;
+} prm_t;
+
+typedef struct {
+    /* decomposed inputs over the K range [k0, k1) (kr = k1 - k0 columns / rows) */
+    const int32_t *ma, *ea; /* M x kr */
+    const int32_t *mbv, *eb; /* kr x N */
+    const double *A, *B;    /* the original values (M x Kp, Kp x N): only for special blocks */
+    const uint8_t *fa;      /* M x nb: a row block holds a NaN/inf */
+    const uint8_t *fb;      /* nb x N: a column block holds a NaN/inf */
+    double *D;              /* M x N: the chain value, updated in place */
+    Py_ssize_t M, N, Kp, k0, kr, nb;
+    int MT, NT;
+    const prm_t *p;
+    Py_ssize_t ntiles, tiles_n, tiles_batch; /* tiles in all, per row of tiles, per batch entry */
+    int nthreads, tid;
+    int rowwise; /* dot mode: A is Kp x N like B (lane j pairs A[:, j] with B[:, j]); M = 1 */
+} job_t;
+
+static inline int bitlen64(uint64_t a) { return a ? 64 - __builtin_clzll(a) : 0; }
+
+static inline double pow2(int q)
+{
+    /* 2**q for -1022 <= q <= 1023 (the callers stay far inside) */
+    uint64_t bits = (uint64_t)(q + 1023) << 52;
+    double d;
+    memcpy(&d, &bits, sizeof d);
+    return d;
+}
+
+/* sign * a * 2**L rounded to mb fraction bits, quantum clamped at 2**(emin - mb), overflow -> inf; +0 for 0. */
+static inline double round_int(int neg, uint64_t a, int L, int mb, int emin, int emax, int rne)
+{
+    if (a == 0)
+        return 0.0;
+    int nbits = bitlen64(a);
+    int e = L + nbits - 1;
+    int q = (e > emin ? e : emin) - mb;
+    int r = q - L;
+    uint64_t y;
+    int qq;
+    if (r <= 0) {
+        y = a;
+        qq = L;
+        if (nbits + qq - 1 > emax)
+            return neg ? -INFINITY : INFINITY;
+        /* a < 2**(mb+1) here unless the value is exact with more bits: normalise to keep y small */
+        double d = (double)y * pow2(qq);
+        return neg ? -d : d;
+    }
+    if (r >= 64) {
+        y = 0;
+    } else {
+        y = a >> r;
+        if (rne) {
+            uint64_t rem = a & ((((uint64_t)1) << r) - 1), half = ((uint64_t)1) << (r - 1);
+            if (rem > half || (rem == half && (y & 1)))
+                y++;
+        }
+    }
+    if (y == 0)
+        return 0.0;
+    qq = q;
+    if (bitlen64(y) + qq - 1 > emax)
+        return neg ? -INFINITY : INFINITY;
+    double d = (double)y * pow2(qq);
+    return neg ? -d : d;
+}
+
+/* RNE of a double (an exact or innocuously rounded sum of two output-format values) to the output format. */
+static inline double round_double(double s, const prm_t *p)
+{
+    if (!isfinite(s))
+        return isnan(s) ? NAN : s; /* the NumPy path's canonical +NaN (x86 makes inf - inf negative) */
+    if (s == 0.0)
+        return 0.0;
+    uint64_t bits;
+    memcpy(&bits, &s, sizeof bits);
+    int neg = (int)(bits >> 63);
+    int ef = (int)((bits >> 52) & 0x7ff);
+    uint64_t mant = bits & 0xfffffffffffffULL;
+    int L;
+    if (ef) {
+        mant |= 1ULL << 52;
+        L = ef - 1075;
+    } else {
+        L = -1074;
+    }
+    return round_int(neg, mant, L, p->mbits_out, p->emin_out, p->emax_out, 1);
+}
+
+/* Step 0 for one output and one block: 0 when neither the products nor c are special, else sets *val. */
+static int block_special(const job_t *J, Py_ssize_t i, Py_ssize_t j, Py_ssize_t kb0, int klen, double c,
+                         double *val)
+{
+    int n = isnan(c), pinf = c == INFINITY, minf = c == -INFINITY;
+    const double *arow = J->A + i * J->Kp;
+    for (int l = 0; l < klen; l++) {
+        Py_ssize_t kk = kb0 + l;
+        double x = (J->rowwise ? J->A[kk * J->N + j] : arow[kk]) * J->B[kk * J->N + j];
+        n |= isnan(x);
+        pinf |= x == INFINITY;
+        minf |= x == -INFINITY;
+    }
+    if (!(n | pinf | minf))
+        return 0;
+    *val = (n || (pinf && minf)) ? NAN : (pinf ? INFINITY : -INFINITY);
+    return 1;
+}
+
+static inline double bits2d(uint64_t b)
+{
+    double d;
+    memcpy(&d, &b, sizeof d);
+    return d;
+}
+
+static inline uint64_t d2bits(double d)
+{
+    uint64_t b;
+    memcpy(&b, &d, sizeof b);
+    return b;
+}
+
+/* 2**q as a double for -1022 <= q <= 1023, branch-free (callers clamp) */
+static inline double pow2v(int64_t q) { return bits2d((uint64_t)(q + 1023) << 52); }
+
+/* trunc(x) for |x| < 2**31: the truncating conversion to int32 (vcvttpd2dq), exact and vectorisable */
+static inline double trunc31(double x) { return (double)(int32_t)x; }
+
+/* Pass 3 of block_row (RNE a compile-time constant in each copy, so that the loop has no branch).
+ * |qc| < 2**(24 + neab) and |t| < 2**(mb + 2) stay below 2**31 (neab <= 6, mb <= 28: checked at the call). */
+static inline __attribute__((always_inline)) void finish(const int32_t *emax, const double *acc, const double *cf,
+                                                         double *cout, int nt, const prm_t *p, const int RNE)
+{
+    const int32_t sh0 = 23 + p->neab, emin = p->emin_out, mb = p->mb;
+    const int64_t bigb = (int64_t)d2bits(pow2v(p->emax_out + 1));
+    const double magic = 6755399441055744.0; /* 1.5 * 2**52: (t + magic) - magic = RNE(t) */
+    for (int j = 0; j < nt; j++) {
+        int32_t L = emax[j] - sh0;
+        int32_t Lc = L > -1000 ? L : -1000;
+        double qc = trunc31(cf[j] * pow2v(-Lc)); /* the addend on the grid 2**L, truncated */
+        double sv = acc[j] + qc;                /* exact integer */
+        int32_t es = (int32_t)(d2bits(sv) >> 52) & 0x7ff;
+        int32_t e = es - 1023 + L;
+        int32_t q = (e > emin ? e : emin) - mb;
+        int32_t r = q - L;
+        r = r < 0 ? 0 : (r > 60 ? 60 : r);
+        double t = sv * pow2v(-r);
+        t = RNE ? (t + magic) - magic : trunc31(t);
+        int32_t qq = r + L;
+        qq = qq < -1022 ? -1022 : (qq > 1023 ? 1023 : qq);
+        double res = t * pow2v(qq);
+        int64_t rb = (int64_t)d2bits(res);
+        int64_t ov = -(int64_t)((rb & 0x7fffffffffffffffLL) >= bigb); /* overflow: the infinity of res's sign */
+        rb = (rb & ~ov) | ((rb & (int64_t)0x8000000000000000ULL) | (0x7ff0000000000000LL & ov));
+        cout[j] = bits2d((uint64_t)rb) + 0.0;
+    }
+}
+
+/* One block of k products for row i and lanes [j0, j0+nt): cout[j] := BFMA(products, addend cin[j]).
+ * cnf[j] receives the non-finite addends (0 elsewhere); returns whether there was one. cout may be cin.
+ * Pass 3 works in doubles that hold integers exactly (|S| < 2**51): the sum, its exponent (from its bits),
+ * the power-of-two scalings and the RZ (trunc) / RNE (magic-number) rounding are exact and vectorise. */
+CLONES static int block_row(const job_t *J, Py_ssize_t i, Py_ssize_t j0, int nt, Py_ssize_t kl, int klen,
+                            const double *cin, double *cout, double *cnf)
+{
+    const prm_t *p = J->p;
+    const int k = klen, c0 = p->c0, cs = p->cs; /* klen < k only for a last, partial block (zeros need no work) */
+    int32_t emax[NT_MAX];
+    int32_t acc32[NT_MAX];
+    double acc[NT_MAX];
+    double cf[NT_MAX];
+    const int32_t floor_e = p->has_mel ? p->mel : ZERO_EXP * 4;
+    int anyspec = 0;
+    /* pass 0: the addend's binary32 exponent (chain values are never double subnormals) */
+    for (int j = 0; j < nt; j++) {
+        double c = cin[j];
+        uint64_t bits = d2bits(c);
+        int32_t ef = (int32_t)((bits >> 52) & 0x7ff);
+        int nf = ef == 0x7ff;
+        int fin = !nf && ef != 0;
+        anyspec |= nf;
+        cnf[j] = nf ? c : 0.0;
+        cf[j] = fin ? c : 0.0;
+        int32_t ec = ef - 1023 > -126 ? ef - 1023 : -126;
+        int32_t em = fin ? ec : ZERO_EXP * 4;
+        emax[j] = em > floor_e ? em : floor_e;
+    }
+    const int32_t *ma = J->ma + i * J->kr + kl;
+    const int32_t *ea = J->ea + i * J->kr + kl;
+    if (J->rowwise) { /* dot: both factors per lane */
+        for (int l = 0; l < k; l++) {
+            const int32_t *eal = J->ea + (kl + l) * J->N + j0;
+            const int32_t *ebl = J->eb + (kl + l) * J->N + j0;
+            for (int j = 0; j < nt; j++) {
+                int32_t e = eal[j] + ebl[j];
+                emax[j] = e > emax[j] ? e : emax[j];
+            }
+        }
+        for (int j = 0; j < nt; j++)
+            acc[j] = 0.0;
+        for (int l0 = 0; l0 < k; l0 += cs) {
+            int l1 = l0 + cs < k ? l0 + cs : k;
+            for (int j = 0; j < nt; j++)
+                acc32[j] = 0;
+            for (int l = l0; l < l1; l++) {
+                const int32_t *mal = J->ma + (kl + l) * J->N + j0, *eal = J->ea + (kl + l) * J->N + j0;
+                const int32_t *mbl = J->mbv + (kl + l) * J->N + j0, *ebl = J->eb + (kl + l) * J->N + j0;
+                for (int j = 0; j < nt; j++) {
+                    int32_t m = mal[j] * mbl[j];
+                    int32_t sh = emax[j] - eal[j] - ebl[j] + c0;
+                    sh = sh < 31 ? sh : 31;
+                    int32_t s = m >> 31;
+                    int32_t am = (m ^ s) - s;
+                    acc32[j] += ((am >> sh) ^ s) - s;
+                }
+            }
+            for (int j = 0; j < nt; j++)
+                acc[j] += (double)acc32[j];
+        }
+        goto pass3;
+    }
+    /* pass 1: E_max */
+    for (int l = 0; l < k; l++) {
+        const int32_t eai = ea[l];
+        const int32_t *ebl = J->eb + (kl + l) * J->N + j0;
+        for (int j = 0; j < nt; j++) {
+            int32_t e = eai + ebl[j];
+            emax[j] = e > emax[j] ? e : emax[j];
+        }
+    }
+    /* pass 2: truncated products, summed exactly (int32 chunks that cannot overflow, then doubles) */
+    for (int j = 0; j < nt; j++)
+        acc[j] = 0.0;
+    for (int l0 = 0; l0 < k; l0 += cs) {
+        int l1 = l0 + cs < k ? l0 + cs : k;
+        for (int j = 0; j < nt; j++)
+            acc32[j] = 0;
+        for (int l = l0; l < l1; l++) {
+            const int32_t mai = ma[l], eai = ea[l] - c0;
+            const int32_t *mbl = J->mbv + (kl + l) * J->N + j0;
+            const int32_t *ebl = J->eb + (kl + l) * J->N + j0;
+            for (int j = 0; j < nt; j++) {
+                int32_t m = mai * mbl[j];
+                int32_t sh = emax[j] - eai - ebl[j];
+                sh = sh < 31 ? sh : 31;
+                int32_t s = m >> 31;
+                int32_t am = (m ^ s) - s;
+                acc32[j] += ((am >> sh) ^ s) - s;
+            }
+        }
+        for (int j = 0; j < nt; j++)
+            acc[j] += (double)acc32[j];
+    }
+pass3:;
+    /* pass 3: add the truncated addend, round to mb bits, store */
+    if (p->rne)
+        finish(emax, acc, cf, cout, nt, p, 1);
+    else
+        finish(emax, acc, cf, cout, nt, p, 0);
+    return anyspec;
+}
+
+static void run_tile(const job_t *JB, Py_ssize_t t)
+{
+    /* the batch entry of tile t: the same job with its matrices' pointers moved there */
+    job_t Jl = *JB;
+    const job_t *J = &Jl;
+    {
+        Py_ssize_t bt = t / JB->tiles_batch;
+        t -= bt * JB->tiles_batch;
+        Py_ssize_t M = JB->M, N = JB->N, Kp = JB->Kp, kr = JB->kr, nb = JB->nb;
+        Jl.ma += bt * M * kr; Jl.ea += bt * M * kr; Jl.mbv += bt * kr * N; Jl.eb += bt * kr * N;
+        Jl.A += bt * M * Kp; Jl.B += bt * Kp * N; Jl.fa += bt * M * nb; Jl.fb += bt * nb * N; Jl.D += bt * M * N;
+    }
+    const prm_t *p = J->p;
+    Py_ssize_t ti = t / J->tiles_n, tj = t % J->tiles_n;
+    Py_ssize_t i0 = ti * J->MT, i1 = i0 + J->MT < J->M ? i0 + J->MT : J->M;
+    Py_ssize_t j0 = tj * J->NT;
+    int nt = (int)(j0 + J->NT < J->N ? J->NT : J->N - j0);
+    const int k = p->k, ki = k * p->nblk;
+    double cnf[NT_MAX], zero[NT_MAX], blk[NT_MAX];
+    for (int j = 0; j < nt; j++)
+        zero[j] = 0.0;
+    for (Py_ssize_t kl = 0; kl < J->kr; kl += ki) {
+        /* special value bookkeeping: does a column block (or, in dot mode, an A block) of this tile hold a
+         * NaN/inf? Only then are the lanes scanned one by one (block_special). */
+        int colany[2] = {0, 0};
+        for (int b = 0; b < p->nblk; b++) {
+            Py_ssize_t bi = (J->k0 + kl + (Py_ssize_t)b * k) / k;
+            const uint8_t *fbrow = J->fb + bi * J->N + j0;
+            for (int j = 0; j < nt; j++)
+                colany[b] |= fbrow[j];
+            if (J->rowwise) {
+                const uint8_t *farow = J->fa + bi * J->N + j0;
+                for (int j = 0; j < nt; j++)
+                    colany[b] |= farow[j];
+            }
+        }
+        for (Py_ssize_t i = i0; i < i1; i++) {
+            double *d = J->D + i * J->N + j0;
+            const double *cin = p->late ? zero : d;
+            for (int b = 0; b < p->nblk; b++) {
+                Py_ssize_t kb = kl + (Py_ssize_t)b * k;
+                int klen = (int)(J->kr - kb < k ? J->kr - kb : k);
+                double *cout = (b == p->nblk - 1 && !p->late) ? d : blk;
+                /* cnf: the non-finite addends (cout may be cin) */
+                int cspec = block_row(J, i, j0, nt, kb, klen, cin, cout, cnf);
+                Py_ssize_t bi = (J->k0 + kb) / k;
+                int rowspec = J->rowwise ? 0 : J->fa[i * J->nb + bi];
+                if (rowspec || colany[b] || cspec) {
+                    const uint8_t *farow = J->rowwise ? J->fa + bi * J->N + j0 : NULL;
+                    const uint8_t *fbrow = J->fb + bi * J->N + j0;
+                    for (int j = 0; j < nt; j++) {
+                        if (rowspec || fbrow[j] || (farow && farow[j]) || (cspec && cnf[j] != 0.0)) {
+                            double v;
+                            if (block_special(J, i, j0 + j, J->k0 + kb, klen, cnf[j], &v))
+                                cout[j] = v;
+                        }
+                    }
+                }
+                cin = cout;
+            }
+            if (p->late) {
+                for (int j = 0; j < nt; j++)
+                    d[j] = round_double(blk[j] + d[j], p) + 0.0;
+            }
+        }
+    }
+}
+
+static void *worker(void *arg)
+{
+    job_t *J = (job_t *)arg;
+    for (Py_ssize_t t = J->tid; t < J->ntiles; t += J->nthreads)
+        run_tile(J, t);
+    return NULL;
+}
+
+/* x = m * 2**(e - mbits) with e = max(floor(log2|x|), emin); m pre-shifted by G; zero / non-finite: m = 0.
+ * The inputs are values of a format inside binary32's range, so never double subnormals: floor(log2|x|) is
+ * the double's exponent field, and the scaling by a power of two and the conversion to int32 are exact. */
+CLONES static void decompose(const double *x, Py_ssize_t n, int mbits, int emin, int G, int32_t *m, int32_t *e)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double v = x[i];
+        int32_t ef = (int32_t)(d2bits(v) >> 52) & 0x7ff;
+        int ok = ef != 0 && ef != 0x7ff;
+        int32_t ex = ef - 1023;
+        ex = ex > emin ? ex : emin;
+        double sc = ok ? v * pow2v(mbits - ex + G) : 0.0;
+        m[i] = (int32_t)sc;
+        e[i] = ok ? ex : ZERO_EXP;
+    }
+}
+
+static PyObject *bfma_gemm(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer A, B, D;
+    Py_ssize_t M, N, Kp, k0, k1;
+    prm_t p;
+    int nthreads, MT, NT, rowwise;
+    Py_ssize_t nbatch;
+    if (!PyArg_ParseTuple(args, "y*y*w*nnnnn(iiiiiiiiiiiiii)iiiin", &A, &B, &D, &M, &N, &Kp, &k0, &k1, &p.k,
+                          &p.nblk, &p.late, &p.mbits_in, &p.emin_in, &p.neab, &p.has_mel, &p.mel, &p.mb,
+                          &p.rne, &p.emin_out, &p.emax_out, &p.mbits_out, &p.cs, &nthreads, &MT, &NT, &rowwise, &nbatch))
+        return NULL;
+    const char *why = NULL;
+    int ki = p.k * p.nblk;
+    if (rowwise && (M != 1 || nbatch != 1))
+        why = "dot mode needs M = 1 and one batch entry (A is Kp x N)";
+    else if (M < 0 || N < 0 || Kp < 0 || nbatch < 1 ||
+             A.len != (Py_ssize_t)sizeof(double) * nbatch * (rowwise ? N : M) * Kp ||
+             B.len != (Py_ssize_t)sizeof(double) * nbatch * Kp * N ||
+             D.len != (Py_ssize_t)sizeof(double) * nbatch * M * N)
+        why = "buffer sizes do not match nbatch, M, N, Kp (float64, C order)";
+    else if (p.k < 1 || p.k > 4096 || (p.nblk != 1 && p.nblk != 2) || k0 < 0 || k1 > Kp || k0 > k1 ||
+             k0 % ki || (p.nblk == 2 && (Kp % ki || k1 % ki)) || (k1 % ki && k1 != Kp))
+        why = "bad block size or K range";
+    else if (p.mbits_in < 0 || p.mbits_in > 23 || p.neab < -23 || p.neab > 6 || p.mb < 0 || p.mb > 28 || p.mbits_out < 0 || p.mbits_out > 30 ||
+             p.cs < 1)
+        why = "bad format parameters";
+    else if (NT < 1 || NT > NT_MAX || MT < 1)
+        why = "bad tile shape";
+    if (why) {
+        PyBuffer_Release(&A); PyBuffer_Release(&B); PyBuffer_Release(&D);
+        PyErr_Format(PyExc_ValueError, "bfma_gemm: %s", why);
+        return NULL;
+    }
+    p.G = 23 + p.neab - 2 * p.mbits_in;
+    if (p.G < 0)
+        p.G = 0;
+    p.c0 = 2 * p.mbits_in - 23 - p.neab;
+    if (p.c0 < 0)
+        p.c0 = 0;
+    Py_ssize_t kr = k1 - k0, nb = (Kp + p.k - 1) / p.k; /* a last partial block (nblk = 1 only) */
+    int err = 0;
+    if (M == 0 || N == 0 || kr == 0) {
+        PyBuffer_Release(&A); PyBuffer_Release(&B); PyBuffer_Release(&D);
+        Py_RETURN_NONE;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t na = rowwise ? kr * N : M * kr;
+    int32_t *ma = malloc(sizeof(int32_t) * (size_t)(na * nbatch)), *ea = malloc(sizeof(int32_t) * (size_t)(na * nbatch));
+    int32_t *mbv = malloc(sizeof(int32_t) * (size_t)(kr * N * nbatch));
+    int32_t *eb = malloc(sizeof(int32_t) * (size_t)(kr * N * nbatch));
+    uint8_t *fa = calloc((size_t)((rowwise ? nb * N : M * nb) * nbatch), 1), *fb = calloc((size_t)(nb * N * nbatch), 1);
+    if (!ma || !ea || !mbv || !eb || !fa || !fb) {
+        err = 1;
+    } else {
+      for (Py_ssize_t bt = 0; bt < nbatch; bt++) { /* decompose every batch entry */
+        const double *a = (const double *)A.buf + bt * M * Kp, *b = (const double *)B.buf + bt * Kp * N;
+        int32_t *ma_ = ma + bt * M * kr, *ea_ = ea + bt * M * kr, *mbv_ = mbv + bt * kr * N, *eb_ = eb + bt * kr * N;
+        uint8_t *fa_ = fa + bt * M * nb, *fb_ = fb + bt * nb * N;
+        if (rowwise) {
+            decompose(a + k0 * N, kr * N, p.mbits_in, p.emin_in, p.G, ma_, ea_);
+            for (Py_ssize_t kk = 0; kk < Kp; kk++)
+                for (Py_ssize_t j = 0; j < N; j++)
+                    if (!isfinite(a[kk * N + j]))
+                        fa_[(kk / p.k) * N + j] = 1;
+        }
+        for (Py_ssize_t i = 0; i < M && !rowwise; i++) {
+            decompose(a + i * Kp + k0, kr, p.mbits_in, p.emin_in, p.G, ma_ + i * kr, ea_ + i * kr);
+            for (Py_ssize_t kk = 0; kk < Kp; kk++)
+                if (!isfinite(a[i * Kp + kk]))
+                    fa_[i * nb + kk / p.k] = 1;
+        }
+        decompose(b + k0 * N, kr * N, p.mbits_in, p.emin_in, 0, mbv_, eb_);
+        for (Py_ssize_t kk = 0; kk < Kp; kk++)
+            for (Py_ssize_t j = 0; j < N; j++)
+                if (!isfinite(b[kk * N + j]))
+                    fb_[(kk / p.k) * N + j] = 1;
+      }
+        job_t base;
+        base.ma = ma; base.ea = ea; base.mbv = mbv; base.eb = eb;
+        base.A = (const double *)A.buf; base.B = (const double *)B.buf;
+        base.fa = fa; base.fb = fb; base.D = (double *)D.buf;
+        base.M = M; base.N = N; base.Kp = Kp; base.k0 = k0; base.kr = kr; base.nb = nb;
+        base.MT = MT; base.NT = NT; base.p = &p; base.rowwise = rowwise;
+        Py_ssize_t tm = (M + MT - 1) / MT, tn = (N + NT - 1) / NT;
+        base.tiles_n = tn;
+        base.tiles_batch = tm * tn;
+        base.ntiles = tm * tn * nbatch;
+        if (nthreads < 1)
+            nthreads = 1;
+        if (nthreads > base.ntiles)
+            nthreads = (int)base.ntiles;
+        if (nthreads > 64)
+            nthreads = 64;
+        job_t jobs[64];
+        pthread_t th[64];
+        int started[64];
+        for (int t = 0; t < nthreads; t++) {
+            jobs[t] = base;
+            jobs[t].nthreads = nthreads;
+            jobs[t].tid = t;
+            started[t] = 0;
+        }
+        for (int t = 1; t < nthreads; t++)
+            started[t] = pthread_create(&th[t], NULL, worker, &jobs[t]) == 0;
+        worker(&jobs[0]);
+        for (int t = 1; t < nthreads; t++) {
+            if (started[t])
+                pthread_join(th[t], NULL);
+            else
+                worker(&jobs[t]); /* could not start a thread: do its tiles here */
+        }
+    }
+    free(ma); free(ea); free(mbv); free(eb); free(fa); free(fb);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&A); PyBuffer_Release(&B); PyBuffer_Release(&D);
+    if (err)
+        return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Generic models (fpsim.mma.model.generic_reduce): "wide" (d := d + a_i b_i in float64, index order, one RNE
+ * to the output at the end) and "fma_chain" (d := RNE_acc(a_i b_i + d), one correct rounding per product).
+ * Products of inputs of at most 26 bits are exact in float64; the exact sum p + d of fma_chain is s + e
+ * (TwoSum), and RNE of s + e to acc differs from RNE(s) only when s is a midpoint of acc's grid (midpoints of a
+ * format of <= 25 bits lie on the double grid): there the sign of e decides. NaN and infinities follow IEEE.
+ * ------------------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    int kind; /* 0 wide, 1 fma_chain, 2 pairwise */
+    int acc_m, acc_emin, acc_emax, out_m, out_emin, out_emax;
+} gprm_t;
+
+/* RNE of the exact value s + e (|e| <= ulp(s)/2, e = 0 when s is exact) to mbits fraction bits, exponent range
+ * [emin, emax], overflow to inf; non-finite s passes through. Branch-free (vectorises). */
+static inline double rne_fmt(double s, double e, int32_t mbits, int32_t emin, int64_t bigb)
+{
+    const double magic = 6755399441055744.0;
+    const int64_t half = (int64_t)d2bits(0.5), mhalf = (int64_t)d2bits(-0.5);
+    int64_t sb = (int64_t)d2bits(s);
+    int32_t ef = (int32_t)(sb >> 52) & 0x7ff;
+    int32_t es = ef - 1023;
+    int32_t q = (es > emin ? es : emin) - mbits;
+    double r = s * pow2v(-q);
+    double rr = (r + magic) - magic;
+    int64_t db = (int64_t)d2bits(r - rr);
+    int64_t eb = (int64_t)d2bits(e);
+    int64_t epos = -(int64_t)(eb > 0), eneg = -(int64_t)(eb < 0 && (eb & 0x7fffffffffffffffLL) != 0);
+    int64_t up = -(int64_t)(db == half) & epos, dn = -(int64_t)(db == mhalf) & eneg;
+    double rup = rr + 1.0, rdn = rr - 1.0;
+    int64_t rrb = ((int64_t)d2bits(rup) & up) | ((int64_t)d2bits(rdn) & dn) | ((int64_t)d2bits(rr) & ~(up | dn));
+    double res = bits2d((uint64_t)rrb) * pow2v(q);
+    int64_t rb = (int64_t)d2bits(res);
+    int64_t ov = -(int64_t)((rb & 0x7fffffffffffffffLL) >= bigb);
+    rb = (rb & ~ov) | ((rb & (int64_t)0x8000000000000000ULL) | (0x7ff0000000000000LL & ov));
+    int64_t nf = -(int64_t)(ef == 0x7ff);
+    return bits2d((uint64_t)((rb & ~nf) | (sb & nf)));
+}
+
+CLONES static void generic_rows(const double *A, const double *B, double *D, Py_ssize_t i0, Py_ssize_t i1,
+                                Py_ssize_t j0, int nt, Py_ssize_t K, Py_ssize_t N, const gprm_t *g)
+{
+    const int32_t am = g->acc_m, aemin = g->acc_emin;
+    const int64_t abig = (int64_t)d2bits(pow2v(g->acc_emax + 1));
+    for (Py_ssize_t l = 0; l < K; l++) {
+        const double *brow = B + l * N + j0;
+        for (Py_ssize_t i = i0; i < i1; i++) {
+            const double ai = A[i * K + l];
+            double *d = D + i * N + j0;
+            if (g->kind == 0) {
+                for (int j = 0; j < nt; j++)
+                    d[j] = d[j] + ai * brow[j];
+            } else {
+                for (int j = 0; j < nt; j++) {
+                    double p = ai * brow[j], dj = d[j];
+                    double sm = p + dj;
+                    double bb = sm - p;
+                    double er = (p - (sm - bb)) + (dj - bb);
+                    d[j] = rne_fmt(sm, er, am, aemin, abig);
+                }
+            }
+        }
+    }
+}
+
+/* pairwise: products rounded to acc, summed by the bottom-up pairwise tree of fpsim.mma.model.generic_reduce
+ * (adjacent pairs level by level, an odd last element carried up), then C added, all RNE in acc. The tree is
+ * built streaming with a stack of perfect blocks (merged when two of the same level meet); the blocks left at
+ * the end (the binary digits of K) are merged from the top, which is the same tree. K is the same for every
+ * lane, so the stack's shape is too: the merges run over all lanes at once. */
+#define PW_DEPTH 64
+CLONES static void pairwise_row(const double *arow, const double *B, double *d, Py_ssize_t j0, int nt,
+                                Py_ssize_t K, Py_ssize_t N, const gprm_t *g, double (*st)[NT_MAX])
+{
+    const int32_t am = g->acc_m, aemin = g->acc_emin;
+    const int64_t abig = (int64_t)d2bits(pow2v(g->acc_emax + 1));
+    int lev[PW_DEPTH];
+    int top = 0;
+    for (Py_ssize_t l = 0; l < K; l++) {
+        const double ai = arow[l];
+        const double *brow = B + l * N + j0;
+        double *cur = st[top];
+        for (int j = 0; j < nt; j++)
+            cur[j] = rne_fmt(ai * brow[j], 0.0, am, aemin, abig);
+        lev[top++] = 0;
+        while (top >= 2 && lev[top - 1] == lev[top - 2]) {
+            double *x = st[top - 2], *y = st[top - 1];
+            for (int j = 0; j < nt; j++)
+                x[j] = rne_fmt(x[j] + y[j], 0.0, am, aemin, abig);
+            lev[top - 2]++;
+            top--;
+        }
+    }
+    while (top >= 2) {
+        double *x = st[top - 2], *y = st[top - 1];
+        for (int j = 0; j < nt; j++)
+            x[j] = rne_fmt(x[j] + y[j], 0.0, am, aemin, abig);
+        top--;
+    }
+    for (int j = 0; j < nt; j++)
+        d[j] = rne_fmt((top ? st[0][j] : 0.0) + d[j], 0.0, am, aemin, abig);
+}
+
+CLONES static void generic_out(double *d, int nt, const gprm_t *g)
+{
+    const int64_t obig = (int64_t)d2bits(pow2v(g->out_emax + 1));
+    for (int j = 0; j < nt; j++)
+        d[j] = rne_fmt(d[j], 0.0, g->out_m, g->out_emin, obig) + 0.0;
+}
+
+typedef struct {
+    const double *A, *B;
+    double *D;
+    Py_ssize_t M, N, K, ntiles, tiles_n;
+    int MT, NT, nthreads, tid, err;
+    const gprm_t *g;
+} gjob_t;
+
+static void *gworker(void *arg)
+{
+    gjob_t *J = (gjob_t *)arg;
+    for (Py_ssize_t t = J->tid; t < J->ntiles; t += J->nthreads) {
+        Py_ssize_t ti = t / J->tiles_n, tj = t % J->tiles_n;
+        Py_ssize_t i0 = ti * J->MT, i1 = i0 + J->MT < J->M ? i0 + J->MT : J->M;
+        Py_ssize_t j0 = tj * J->NT;
+        int nt = (int)(j0 + J->NT < J->N ? J->NT : J->N - j0);
+        if (J->g->kind == 2) {
+            double(*st)[NT_MAX] = malloc(sizeof(double) * PW_DEPTH * NT_MAX);
+            if (!st) {
+                J->err = 1;
+                return NULL;
+            }
+            for (Py_ssize_t i = i0; i < i1; i++)
+                pairwise_row(J->A + i * J->K, J->B, J->D + i * J->N + j0, j0, nt, J->K, J->N, J->g, st);
+            free(st);
+        } else {
+            generic_rows(J->A, J->B, J->D, i0, i1, j0, nt, J->K, J->N, J->g);
+        }
+        for (Py_ssize_t i = i0; i < i1; i++)
+            generic_out(J->D + i * J->N + j0, nt, J->g);
+    }
+    return NULL;
+}
+
+static PyObject *generic_gemm(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer A, B, D;
+    Py_ssize_t M, N, K;
+    gprm_t g;
+    int nthreads, MT, NT;
+    if (!PyArg_ParseTuple(args, "y*y*w*nnn(iiiiiii)iii", &A, &B, &D, &M, &N, &K, &g.kind, &g.acc_m, &g.acc_emin,
+                          &g.acc_emax, &g.out_m, &g.out_emin, &g.out_emax, &nthreads, &MT, &NT))
+        return NULL;
+    const char *why = NULL;
+    if (M < 0 || N < 0 || K < 0 || A.len != (Py_ssize_t)sizeof(double) * M * K ||
+        B.len != (Py_ssize_t)sizeof(double) * K * N || D.len != (Py_ssize_t)sizeof(double) * M * N)
+        why = "buffer sizes do not match M, N, K (float64, C order)";
+    else if (g.kind < 0 || g.kind > 2 || g.acc_m < 1 || g.acc_m > 24 || g.out_m < 1 || g.out_m > 24 ||
+             g.acc_emin < -1000 || g.out_emin < -1000 || g.acc_emax > 1000 || g.out_emax > 1000)
+        why = "bad model parameters";
+    else if (NT < 1 || NT > NT_MAX || MT < 1)
+        why = "bad tile shape";
+    if (why) {
+        PyBuffer_Release(&A); PyBuffer_Release(&B); PyBuffer_Release(&D);
+        PyErr_Format(PyExc_ValueError, "generic_gemm: %s", why);
+        return NULL;
+    }
+    int err = 0;
+    if (M && N) {
+        Py_BEGIN_ALLOW_THREADS
+        gjob_t base;
+        base.A = (const double *)A.buf; base.B = (const double *)B.buf; base.D = (double *)D.buf;
+        base.M = M; base.N = N; base.K = K; base.MT = MT; base.NT = NT; base.g = &g;
+        base.tiles_n = (N + NT - 1) / NT;
+        base.ntiles = ((M + MT - 1) / MT) * base.tiles_n;
+        if (nthreads < 1)
+            nthreads = 1;
+        if (nthreads > base.ntiles)
+            nthreads = (int)base.ntiles;
+        if (nthreads > 64)
+            nthreads = 64;
+        gjob_t jobs[64];
+        pthread_t th[64];
+        int started[64];
+        for (int t = 0; t < nthreads; t++) {
+            jobs[t] = base;
+            jobs[t].nthreads = nthreads;
+            jobs[t].tid = t;
+            jobs[t].err = 0;
+            started[t] = 0;
+        }
+        for (int t = 1; t < nthreads; t++)
+            started[t] = pthread_create(&th[t], NULL, gworker, &jobs[t]) == 0;
+        gworker(&jobs[0]);
+        for (int t = 1; t < nthreads; t++) {
+            if (started[t])
+                pthread_join(th[t], NULL);
+            else
+                gworker(&jobs[t]);
+        }
+        for (int t = 0; t < nthreads; t++)
+            err |= jobs[t].err;
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&A); PyBuffer_Release(&B); PyBuffer_Release(&D);
+    if (err)
+        return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"bfma_gemm", bfma_gemm, METH_VARARGS,
+     "bfma_gemm(A, B, D, M, N, Kp, k0, k1, params, nthreads, MT, NT, rowwise, nbatch): chain D (nbatch x M x N "
+     "float64, in place) through the BFMA blocks of A[:, :, k0:k1] @ B[:, k0:k1, :] (float64, C order); "
+     "rowwise: M = 1, nbatch = 1, A is Kp x N and D[j] chains sum_k A[k, j] * B[k, j] (dot)."},
+    {"generic_gemm", generic_gemm, METH_VARARGS,
+     "generic_gemm(A, B, D, M, N, K, params, nthreads, MT, NT): D (M x N float64, the addends, in place) "
+     "through the generic 'wide' or 'fma_chain' model of A @ B, then rounded to the output format."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_cgemm",
+                                    "Compiled block-FMA and generic GEMMs (see fpsim/mma/gemm.py).", -1, methods,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__cgemm(void) { return PyModule_Create(&moddef); }
