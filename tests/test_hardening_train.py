@@ -336,7 +336,7 @@ def test_policy_fails_at_construction_not_at_the_first_step():
 def test_policy_gemm_names_follow_the_one_rule():
     assert Policy("x", gemm="FAST").gemm == "fast"       # before: accepted, then unknown device at step 1
     assert Policy("x", gemm=" Fast64 ").gemm == "fast64"
-    assert Policy("x", gemm=" A100-SXM4 ", activations="bf16").gemm == "a100"
+    assert Policy("x", gemm=" A100-SXM4 ", params="bf16", activations="bf16", gradients="bf16").gemm == "a100"
     tr = Trainer(Policy("x", gemm="FAST"), small())
     tr.step()
 

@@ -197,11 +197,33 @@ def _parse_gemm(gemm: object, activations: Format) -> str:
 
     try:
         dev = mma.device_info(key).name
-        mma.get_model(dev, activations, "fp32")  # the pair the runtime will ask for at the first GEMM
+        mma.get_model(dev, activations.name, "fp32")  # the pair the runtime will ask for at the first GEMM
     except ValueError as e:
         raise ValueError(f"Policy.gemm={gemm!r} (activations {activations.name}): not 'fast', 'fast64' or a "
                          f"device with a model for these inputs: {e}") from None
     return dev
+
+
+def _check_device_gemm(p: Policy) -> None:
+    """A device GEMM (one Tensor Core model, one input format) needs every GEMM operand in one format.
+
+    Forward GEMMs multiply activations by weights (``params``) or by activations, the backward ones
+    gradients by weights or activations: with ``params``, ``activations`` and ``gradients`` equal, every
+    GEMM of the model is an MMA of that one format, as a framework's fp16/bf16 kernels are. FP8 recipes
+    (E5M2 gradients times E4M3 values in the backward GEMMs) and fake-quantized integer GEMMs are not
+    modelled bit-exactly: refused here rather than run through a model of another format.
+    """
+    fmts = {f: getattr(p, f).name for f in ("params", "activations", "gradients")}
+    if len(set(fmts.values())) > 1:
+        raise ValueError(f"Policy.gemm={p.gemm!r} (a device's Tensor Core model, one input format) needs the GEMM "
+                         f"operands in one format: params, activations and gradients are "
+                         f"{', '.join(f'{k}={v}' for k, v in fmts.items())}; make them equal or use gemm='fast'")
+    if p.fp8 is not None:
+        raise ValueError(f"Policy.gemm={p.gemm!r} with an FP8Recipe: bit-exact FP8 device GEMMs (E4M3 x E5M2 in the "
+                         "backward pass) are not modelled by the runtime; use gemm='fast' (or fpsim.mma directly)")
+    if p.quant is not None:
+        raise ValueError(f"Policy.gemm={p.gemm!r} with a QuantConfig: fake-quantized integer operands are not values "
+                         f"of the device's {p.activations.name} input format; use gemm='fast'")
 
 
 _SCALER_KEYS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
@@ -247,9 +269,13 @@ class Policy:
     gemm : str
         ``"fast"``: round the operands, multiply with float32 BLAS, round the result once; ``"fast64"``:
         the same with float64 BLAS; any other value is a device name for ``fpsim.mma.get_model`` (bit-exact
-        block-FMA emulation, much slower). Parsed by the one name rule (``"FAST"`` is ``"fast"``); a device
-        is looked up, with its model for ``activations``, when the policy is built, and stored canonical
-        (``" A100-SXM4"`` becomes ``"a100"``).
+        block-FMA emulation of the device's matrix unit, ``activations`` in, fp32 out, slower). Parsed by
+        the one name rule (``"FAST"`` is ``"fast"``); a device is looked up, with its model for
+        ``activations``, when the policy is built, and stored canonical (``" A100-SXM4"`` becomes
+        ``"a100"``). A device GEMM applies to *every* GEMM of the model: the forward ones (linear layers,
+        attention's ``q kᵀ`` and ``p v``, the lm_head) and both backward ones of each (``dX = dY Wᵀ``,
+        ``dW = Xᵀ dY``), and it needs ``params``, ``activations`` and ``gradients`` in one format, no
+        ``fp8`` and no ``quant`` (refused otherwise: those operands are not one format's values).
     loss_scale : None, float or "dynamic"
         No scaling, a finite positive static scale, or a :class:`DynamicLossScaler` built from
         ``scaler_kwargs`` (keys ``init_scale``, ``growth_factor``, ``backoff_factor``, ``growth_interval``,
@@ -322,6 +348,8 @@ class Policy:
             both = sorted(set(self.fp8.kinds) & set(self.quant.kinds))
             if both:  # FP8 would win and the quantization config would be ignored for these GEMMs
                 raise ValueError(f"Policy.fp8 and Policy.quant both claim GEMM kinds {both}; give each kind to one")
+        if self.gemm not in ("fast", "fast64"):
+            _check_device_gemm(self)
         r = as_rounding(self.rounding)
         object.__setattr__(self, "rounding", r.value)
         if self.update is not None:

@@ -4,6 +4,14 @@
 Casts are :func:`fpsim.round` calls on float32 carriers; a cast to FP32 of a float32 array is skipped
 (it is the identity). Gradient casts can record, per tensor ("site"), how many values were nonzero, how
 many underflowed to zero, became subnormal or overflowed, and the amax — see :attr:`PolicyRuntime.stats`.
+
+GEMMs: every GEMM the model asks for — forward (:meth:`PolicyRuntime.matmul`, FlashAttention's tiles through
+:meth:`PolicyRuntime.matmul_accumulate`) and both backward GEMMs (``dX = dY Wᵀ``, ``dW = Xᵀ dY``, in
+:meth:`PolicyRuntime.matmul_backward`), attention's batched products included — runs through one method,
+``_gemm``: float32 BLAS for ``Policy.gemm="fast"``, float64 for ``"fast64"``, and for a device name the
+device's block-FMA model (the bits of :func:`fpsim.mma.matmul`, through its low-overhead private entry
+``fpsim.mma.gemm._matmul_values``; the policy's one operand format in, fp32 out, C inside the chain). The operands arrive already rounded by the policy's casts, each once; the GEMM's result is then cast
+like any other. :attr:`PolicyRuntime.mma_calls` counts the GEMMs run under the device model.
 """
 
 from __future__ import annotations
@@ -72,6 +80,8 @@ class PolicyRuntime:
         self._fp8: dict[str, Any] = {}
         self._obs: dict[str, np.ndarray] = {}
         self._mma_model: Any = None
+        #: GEMMs run through the device model so far (``Policy.gemm`` a device name); 0 for fast GEMMs.
+        self.mma_calls = 0
         #: Per step: how many times each FP8 tensor's amax was recorded, and each QAT observer updated
         #: (cleared by :meth:`begin_step`); a recomputed forward adds nothing (see :meth:`recomputing`).
         self.amax_records: dict[str, int] = {}
@@ -162,6 +172,8 @@ class PolicyRuntime:
         return self._gcast(g, self.policy.gradients, f"{site}.grad")
 
     def _gemm(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Every GEMM of the model, forward and backward (``dX = dY Wᵀ``, ``dW = Xᵀ dY``, attention's batched
+        products included): the operands arrive rounded to their formats (values, float32 carriers)."""
         g = self.policy.gemm
         if g == "fast":
             return np.asarray(a @ b)
@@ -169,12 +181,20 @@ class PolicyRuntime:
             return np.asarray(a.astype(np.float64) @ b.astype(np.float64))
         return self._mma(a, b)
 
-    def _mma(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def _mma(self, a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:
+        """``c + a @ b`` under the device's block-FMA model (inputs in the policy's one GEMM operand format,
+        fp32 out, ``c`` inside the instruction chain); float32."""
         from .. import mma  # L2: bit-exact block-FMA models, imported only when asked for
+        from ..mma import gemm
 
         if self._mma_model is None:
             self._mma_model = mma.get_model(self.policy.gemm, self.policy.activations, "fp32")
-        return np.asarray(mma.matmul(a, b, model=self._mma_model), dtype=np.float32)
+        self.mma_calls += 1
+        # The operands are float32 values of the policy's one GEMM format (its casts rounded them) and c float32:
+        # the low-overhead entry skips matmul's checks and re-conversion (same bits: tests/test_cgemm.py).
+        a = np.asarray(a, dtype=np.float32)
+        b = np.asarray(b, dtype=np.float32)
+        return gemm._matmul_values(a, b, None if c is None else np.asarray(c, np.float32), self._mma_model)
 
     def _fp8_state(self, key: str, fmt: Format) -> Any:
         ds = self._fp8.get(key)
@@ -221,12 +241,8 @@ class PolicyRuntime:
         if g in ("fast", "fast64"):
             out = self._gemm(ac, bc).astype(np.float32, copy=False)
             return out if c is None else np.asarray(c, np.float32) + out
-        from .. import mma  # L2: the device model adds C inside its chain
-
-        if self._mma_model is None:
-            self._mma_model = mma.get_model(pol.gemm, pol.activations, "fp32")
-        cc = None if c is None else np.asarray(c, np.float32)
-        return np.asarray(mma.matmul(ac, bc, cc, model=self._mma_model), dtype=np.float32)
+        # the device model adds C inside its chain
+        return self._mma(ac, bc, None if c is None else np.asarray(c, np.float32))
 
     def matmul(self, a: np.ndarray, b: np.ndarray, site: str, kind: str,
                bias: np.ndarray | None = None) -> tuple[np.ndarray, Any]:
@@ -257,8 +273,8 @@ class PolicyRuntime:
         if tag == "std":
             _, ac, bc, site, has_bias = cache
             d = self._gcast(dout, gf, f"{site}.dy", hist="grad_act")
-            da = self._gcast(d @ np.swapaxes(bc, -1, -2), gf, f"{site}.dx")
-            db = self._wgrad(ac, d, gf, site)
+            da = self._gcast(self._gemm(d, np.swapaxes(bc, -1, -2)), gf, f"{site}.dx")      # dX = dY Wᵀ
+            db = self._wgrad(ac, d, gf, site)                                                 # dW = Xᵀ dY
             dbias = self._bias_grad(d, gf, site) if has_bias else None
             return da, db, dbias
         if tag == "fp8":
@@ -285,12 +301,13 @@ class PolicyRuntime:
         if tag == "quant":
             _, aq, amask, wq, wmask, site, has_bias = cache
             d = self._gcast(dout, gf, f"{site}.dy", hist="grad_act")
-            da = self._gcast((d @ np.swapaxes(wq, -1, -2)) * amask, gf, f"{site}.dx")
+            da = self._gcast(self._gemm(d, np.swapaxes(wq, -1, -2)) * amask, gf, f"{site}.dx")
             if wq.ndim > 2:                                                   # activation x activation
-                dw = self._gcast((np.swapaxes(aq, -1, -2) @ d) * wmask, gf, f"{site}.dw")
+                dw = self._gcast(self._gemm(np.swapaxes(aq, -1, -2), d) * wmask, gf, f"{site}.dw")
             else:
                 a2 = aq.reshape(-1, aq.shape[-1])
-                dw = self._gcast((a2.T @ d.reshape(-1, d.shape[-1])) * wmask, gf, f"{site}.dw", hist="grad_w")
+                dw = self._gcast(self._gemm(a2.T, d.reshape(-1, d.shape[-1])) * wmask, gf, f"{site}.dw",
+                                 hist="grad_w")
             dbias = self._bias_grad(d, gf, site) if has_bias else None
             return da, dw, dbias
         raise ValueError(f"unknown matmul cache tag {tag!r}")

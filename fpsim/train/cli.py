@@ -7,6 +7,12 @@ from typing import Any
 
 __all__ = ["cmd_demo", "register_cli"]
 
+#: Seeds ``fpsim demo`` trains when ``--seeds`` is not given: 3 for the full demo, so that its lesson table says
+#: for every lesson whether it holds beyond seed noise; 1 for ``--quick`` (and ``--gemm``), whose table then says
+#: "not measured: 1 seed" and how to measure it.
+DEFAULT_SEEDS = 3
+DEFAULT_SEEDS_QUICK = 1
+
 
 def _policies(items: list[str]) -> list[str]:
     """``--policies`` values (space or comma separated) as canonical names, in order, each once."""
@@ -34,7 +40,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     steps = None if args.steps is None else flag_value("--steps", pos_int, args.steps)
     seed = flag_value("--seed", nonneg_int, args.seed)
     policies = None if args.policies is None else flag_value("--policies", _policies, args.policies)
-    seeds = flag_value("--seeds", pos_int, args.seeds)
+    # The default answers "beyond seed noise?": the full demo trains 3 seeds; --quick (a few minutes) and --gemm (one
+    # seed by design) train 1, and their lesson tables say how to measure it.
+    seeds = (flag_value("--seeds", pos_int, args.seeds) if args.seeds is not None
+             else DEFAULT_SEEDS_QUICK if args.quick or getattr(args, "gemm", None) is not None else DEFAULT_SEEDS)
     workers = None if args.workers is None else flag_value("--workers", nonneg_int, args.workers)
     scheduler = None
     if args.scheduler is not None:
@@ -43,10 +52,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
         scheduler = flag_value("--scheduler", check_scheduler_address, args.scheduler)
         if workers is not None:
             raise ValueError("--workers: cannot be combined with --scheduler (the scheduler's workers run the cells)")
+    gemm = None
+    if args.gemm is not None:
+        from .bitexact import gemm_device
+
+        gemm = flag_value("--gemm", gemm_device, args.gemm)
+        if seeds != 1 or workers is not None or scheduler is not None:
+            raise ValueError("--gemm: runs one seed in this process; cannot be combined with --seeds > 1, --workers "
+                             "or --scheduler")
     out = flag_value("--out", check_output_dir, args.out)
     with blas_threads(1):  # tiny GEMMs: BLAS threads only add contention
         run_demo(out, quick=args.quick, steps=steps, policies=policies, seed=seed, progress=None, seeds=seeds,
-                 workers=workers, scheduler=scheduler)
+                 workers=workers, scheduler=scheduler, gemm=gemm)
     return 0
 
 
@@ -66,14 +83,18 @@ def register_cli(subparsers: Any) -> None:
     s.add_argument("--policies", nargs="+", default=None, metavar="POLICY",
                    help=f"policies to run (space or comma separated); default all: {', '.join(policy_names())}")
     s.add_argument("--seed", default="0", metavar="S", help="seed for weights and data (default 0)")
-    s.add_argument("--seeds", default="1", metavar="N",
+    s.add_argument("--seeds", default=None, metavar="N",
                    help="train every policy with seeds S .. S+N-1 as a sweep on Dask and report the mean and spread "
-                        "over seeds of every lesson, and whether each is beyond seed noise (default 1: one run per "
-                        "policy, no Dask)")
+                        f"over seeds of every lesson, and whether each is beyond seed noise (default {DEFAULT_SEEDS}; "
+                        f"{DEFAULT_SEEDS_QUICK} with --quick or --gemm; 1: one run per policy, no Dask)")
     s.add_argument("--workers", default=None, metavar="N",
                    help="worker processes of the local Dask cluster for the sweep (default: one per CPU; 0: run the "
                         "cells one after another in this process)")
     s.add_argument("--scheduler", default=None, metavar="ADDRESS",
                    help="run the sweep on an existing Dask scheduler (tcp://host:8786) instead of a local cluster; "
                         "its workers need fpsim installed")
+    s.add_argument("--gemm", default=None, metavar="DEVICE",
+                   help="also train each policy that admits it with every GEMM bit-exact under DEVICE's Tensor Core "
+                        "model (e.g. h100, a100, b200; `fpsim devices` lists them) and report the cost per step and "
+                        "the loss gap against the fast GEMMs (default: fast GEMMs only)")
     s.set_defaults(func=cmd_demo)
