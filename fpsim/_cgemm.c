@@ -376,6 +376,23 @@ static void run_tile(const job_t *JB, Py_ssize_t t)
     }
 }
 
+/* Run fn on jobs[0..n) (n <= 64, `size` bytes each): jobs 1.. on threads, job 0 here; a job whose thread
+   could not start runs here too. Each job owns its tiles, so the bits never depend on n. */
+static void run_jobs(void *jobs, size_t size, int n, void *(*fn)(void *))
+{
+    pthread_t th[64];
+    int started[64];
+    for (int t = 1; t < n; t++)
+        started[t] = pthread_create(&th[t], NULL, fn, (char *)jobs + (size_t)t * size) == 0;
+    fn(jobs);
+    for (int t = 1; t < n; t++) {
+        if (started[t])
+            pthread_join(th[t], NULL);
+        else
+            fn((char *)jobs + (size_t)t * size);
+    }
+}
+
 static void *worker(void *arg)
 {
     job_t *J = (job_t *)arg;
@@ -496,23 +513,12 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
         if (nthreads > 64)
             nthreads = 64;
         job_t jobs[64];
-        pthread_t th[64];
-        int started[64];
         for (int t = 0; t < nthreads; t++) {
             jobs[t] = base;
             jobs[t].nthreads = nthreads;
             jobs[t].tid = t;
-            started[t] = 0;
         }
-        for (int t = 1; t < nthreads; t++)
-            started[t] = pthread_create(&th[t], NULL, worker, &jobs[t]) == 0;
-        worker(&jobs[0]);
-        for (int t = 1; t < nthreads; t++) {
-            if (started[t])
-                pthread_join(th[t], NULL);
-            else
-                worker(&jobs[t]); /* could not start a thread: do its tiles here */
-        }
+        run_jobs(jobs, sizeof jobs[0], nthreads, worker);
     }
     free(ma); free(ea); free(mbv); free(eb); free(fa); free(fb);
     Py_END_ALLOW_THREADS
@@ -705,24 +711,13 @@ static PyObject *generic_gemm(PyObject *self, PyObject *args)
         if (nthreads > 64)
             nthreads = 64;
         gjob_t jobs[64];
-        pthread_t th[64];
-        int started[64];
         for (int t = 0; t < nthreads; t++) {
             jobs[t] = base;
             jobs[t].nthreads = nthreads;
             jobs[t].tid = t;
             jobs[t].err = 0;
-            started[t] = 0;
         }
-        for (int t = 1; t < nthreads; t++)
-            started[t] = pthread_create(&th[t], NULL, gworker, &jobs[t]) == 0;
-        gworker(&jobs[0]);
-        for (int t = 1; t < nthreads; t++) {
-            if (started[t])
-                pthread_join(th[t], NULL);
-            else
-                gworker(&jobs[t]);
-        }
+        run_jobs(jobs, sizeof jobs[0], nthreads, gworker);
         for (int t = 0; t < nthreads; t++)
             err |= jobs[t].err;
         Py_END_ALLOW_THREADS
