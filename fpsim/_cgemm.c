@@ -27,6 +27,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <fenv.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -465,6 +466,8 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
         Py_RETURN_NONE;
     }
     Py_BEGIN_ALLOW_THREADS
+    int caller_mode = fegetround(); /* the rounding steps assume round to nearest; threads inherit it */
+    fesetround(FE_TONEAREST);
     Py_ssize_t na = rowwise ? kr * N : M * kr;
     int32_t *ma = malloc(sizeof(int32_t) * (size_t)(na * nbatch)), *ea = malloc(sizeof(int32_t) * (size_t)(na * nbatch));
     int32_t *mbv = malloc(sizeof(int32_t) * (size_t)(kr * N * nbatch));
@@ -521,6 +524,7 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
         run_jobs(jobs, sizeof jobs[0], nthreads, worker);
     }
     free(ma); free(ea); free(mbv); free(eb); free(fa); free(fb);
+    fesetround(caller_mode);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&A); PyBuffer_Release(&B); PyBuffer_Release(&D);
     if (err)
@@ -699,6 +703,8 @@ static PyObject *generic_gemm(PyObject *self, PyObject *args)
     int err = 0;
     if (M && N) {
         Py_BEGIN_ALLOW_THREADS
+        int caller_mode = fegetround(); /* the rounding steps assume round to nearest; threads inherit it */
+        fesetround(FE_TONEAREST);
         gjob_t base;
         base.A = (const double *)A.buf; base.B = (const double *)B.buf; base.D = (double *)D.buf;
         base.M = M; base.N = N; base.K = K; base.MT = MT; base.NT = NT; base.g = &g;
@@ -720,6 +726,7 @@ static PyObject *generic_gemm(PyObject *self, PyObject *args)
         run_jobs(jobs, sizeof jobs[0], nthreads, gworker);
         for (int t = 0; t < nthreads; t++)
             err |= jobs[t].err;
+        fesetround(caller_mode);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&A); PyBuffer_Release(&B); PyBuffer_Release(&D);

@@ -946,6 +946,10 @@ static PyObject *round_bits(PyObject *self, PyObject *args)
         if (n_caps == 1 && n_jobs > 1)
             n_jobs = 1, chunk = 0; /* one stream: one thread draws and rounds in element order */
         Py_BEGIN_ALLOW_THREADS
+        /* The kernel's float steps assume round to nearest: run in it whatever mode the caller set, and give
+           the caller's mode back (FTZ/DAZ of the caller were cleared by ieee_mode and are kept). */
+        int caller_mode = fegetround();
+        fesetround(FE_TONEAREST);
         fenv_t env;
         fegetenv(&env);
         for (Py_ssize_t k = 0; k < n_jobs; k++) {
@@ -996,6 +1000,7 @@ static PyObject *round_bits(PyObject *self, PyObject *args)
         if (have_pcg)
             s_end = jobs[n_jobs - 1].pst; /* after the last element's word */
 #endif
+        fesetround(caller_mode);
         Py_END_ALLOW_THREADS
 #if HAVE_PCG64
         if (have_pcg)
@@ -1131,6 +1136,8 @@ static PyObject *fma_f32(PyObject *self, PyObject *args)
         float *po = out.buf;
         int code = full[0] * 4 + full[1] * 2 + full[2];
         Py_BEGIN_ALLOW_THREADS
+        int caller_mode = fegetround(); /* fmaf rounds in the current mode: make it nearest, as the reference */
+        fesetround(FE_TONEAREST);
         switch (code) {
         case 0: fma_000(pa, pb, pc, po, n); break;
         case 1: fma_001(pa, pb, pc, po, n); break;
@@ -1141,6 +1148,7 @@ static PyObject *fma_f32(PyObject *self, PyObject *args)
         case 6: fma_110(pa, pb, pc, po, n); break;
         default: fma_111(pa, pb, pc, po, n); break;
         }
+        fesetround(caller_mode);
         Py_END_ALLOW_THREADS
     }
 done:
