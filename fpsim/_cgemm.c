@@ -377,6 +377,16 @@ static void run_tile(const job_t *JB, Py_ssize_t t)
     }
 }
 
+/* Threads for `ntiles` tiles: at least 1, at most one per tile and 64. */
+static int clamp_threads(int n, Py_ssize_t ntiles)
+{
+    if (n > ntiles)
+        n = (int)ntiles;
+    if (n > 64)
+        n = 64;
+    return n < 1 ? 1 : n;
+}
+
 /* Run fn on jobs[0..n) (n <= 64, `size` bytes each): jobs 1.. on threads, job 0 here; a job whose thread
    could not start runs here too. Each job owns its tiles, so the bits never depend on n. */
 static void run_jobs(void *jobs, size_t size, int n, void *(*fn)(void *))
@@ -509,12 +519,7 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
         base.tiles_n = tn;
         base.tiles_batch = tm * tn;
         base.ntiles = tm * tn * nbatch;
-        if (nthreads < 1)
-            nthreads = 1;
-        if (nthreads > base.ntiles)
-            nthreads = (int)base.ntiles;
-        if (nthreads > 64)
-            nthreads = 64;
+        nthreads = clamp_threads(nthreads, base.ntiles);
         job_t jobs[64];
         for (int t = 0; t < nthreads; t++) {
             jobs[t] = base;
@@ -710,12 +715,7 @@ static PyObject *generic_gemm(PyObject *self, PyObject *args)
         base.M = M; base.N = N; base.K = K; base.MT = MT; base.NT = NT; base.g = &g;
         base.tiles_n = (N + NT - 1) / NT;
         base.ntiles = ((M + MT - 1) / MT) * base.tiles_n;
-        if (nthreads < 1)
-            nthreads = 1;
-        if (nthreads > base.ntiles)
-            nthreads = (int)base.ntiles;
-        if (nthreads > 64)
-            nthreads = 64;
+        nthreads = clamp_threads(nthreads, base.ntiles);
         gjob_t jobs[64];
         for (int t = 0; t < nthreads; t++) {
             jobs[t] = base;
