@@ -18,7 +18,6 @@ from fpsim.amp import (
     register_policy,
 )
 
-RNG = np.random.default_rng(7)
 NAMED = ["fp32", "bf16-mixed", "fp16-mixed", "fp16-static", "fp16-no-scaling", "fp16-no-master", "fp8-hybrid",
          "int8-qat", "int4-qat", "int8-ptq", "int4-ptq"]
 
@@ -70,23 +69,23 @@ def test_memory_ledger() -> None:
 
 
 @pytest.mark.parametrize("name,dtype", [("fp16-mixed", np.float16), ("bf16-mixed", ml_dtypes.bfloat16)])
-def test_matmul_casts_against_ml_dtypes(name: str, dtype: type) -> None:
+def test_matmul_casts_against_ml_dtypes(name: str, dtype: type, rng: np.random.Generator) -> None:
     rt = get_policy(name).runtime()
-    a = (RNG.standard_normal((9, 7)) * 3).astype(np.float32)
-    b = (RNG.standard_normal((7, 5)) * 0.1).astype(np.float32)
-    bias = RNG.standard_normal(5).astype(np.float32)
+    a = (rng.standard_normal((9, 7)) * 3).astype(np.float32)
+    b = (rng.standard_normal((7, 5)) * 0.1).astype(np.float32)
+    bias = rng.standard_normal(5).astype(np.float32)
 
     def c(x: np.ndarray) -> np.ndarray:  # ml_dtypes is a single-rounding oracle for float32 input
         return x.astype(dtype).astype(np.float32)
 
     out, cache = rt.matmul(a, b, "s", "linear", bias=bias)
     assert np.array_equal(out, c(c(a) @ c(b) + c(bias)))
-    d = (RNG.standard_normal((9, 5)) * 1e-3).astype(np.float32)
+    d = (rng.standard_normal((9, 5)) * 1e-3).astype(np.float32)
     da, db, dbias = rt.matmul_backward(d, cache)
     assert np.array_equal(da, c(c(d) @ c(b).T))
     assert np.array_equal(db, c(c(a).T @ c(d)))
     assert np.array_equal(dbias, c(c(d).sum(axis=0)))
-    assert np.array_equal(a, (RNG.standard_normal((1,)) * 0 + a))  # inputs untouched
+    assert np.array_equal(a, (rng.standard_normal((1,)) * 0 + a))  # inputs untouched
 
 
 def test_fp32_ops_and_grad_telemetry() -> None:
@@ -103,10 +102,10 @@ def test_fp32_ops_and_grad_telemetry() -> None:
     assert (total, nz, under, sub, over) == (6, 5, 1, 2, 1) and amax == np.float32(1e5)
 
 
-def test_fp8_delayed_scaling_matmul() -> None:
+def test_fp8_delayed_scaling_matmul(rng: np.random.Generator) -> None:
     rt = get_policy("fp8-hybrid").runtime()
-    a = (RNG.standard_normal((8, 16)) * 4).astype(np.float32)
-    w = (RNG.standard_normal((16, 4)) * 0.05).astype(np.float32)
+    a = (rng.standard_normal((8, 16)) * 4).astype(np.float32)
+    w = (rng.standard_normal((16, 4)) * 0.05).astype(np.float32)
 
     def e4m3(x: np.ndarray) -> np.ndarray:  # saturating cast: clip, then ml_dtypes' cast of float32
         return np.clip(x, -448, 448).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
@@ -128,13 +127,13 @@ def test_fp8_delayed_scaling_matmul() -> None:
 
 
 @pytest.mark.torch
-def test_qat_fake_quant_against_torch() -> None:
+def test_qat_fake_quant_against_torch(rng: np.random.Generator) -> None:
     torch = pytest.importorskip("torch")
     rt = get_policy("int4-qat").runtime()
     assert not rt.quant_active  # the named QAT policies fine-tune: quantization starts half-way
     rt.quant_active = True
-    a = (RNG.standard_normal((16, 8)) * 2).astype(np.float32)
-    w = (RNG.standard_normal((8, 6)) * 0.3).astype(np.float32)
+    a = (rng.standard_normal((16, 8)) * 2).astype(np.float32)
+    w = (rng.standard_normal((8, 6)) * 0.3).astype(np.float32)
     out, cache = rt.matmul(a, w, "q", "linear")
     # torch oracle: per-tensor affine activations [0, 15] from min/max, per-channel symmetric weights [-8, 7]
     mn, mx = min(a.min(), 0), max(a.max(), 0)
@@ -148,7 +147,7 @@ def test_qat_fake_quant_against_torch() -> None:
     ref = aq @ wq
     np.testing.assert_allclose(out, ref.detach().numpy(), rtol=1e-6, atol=1e-6)
     assert np.array_equal(cache[1], aq.detach().numpy()) and np.array_equal(cache[3], wq.detach().numpy())
-    d = RNG.standard_normal((16, 6)).astype(np.float32)
+    d = rng.standard_normal((16, 6)).astype(np.float32)
     ref.backward(torch.tensor(d))
     da, dw, _ = rt.matmul_backward(d, cache)
     np.testing.assert_allclose(da, ta.grad.numpy(), rtol=1e-5, atol=1e-6)
@@ -168,10 +167,10 @@ def test_master_weights_and_lost_updates() -> None:
 
 
 @pytest.mark.torch
-def test_optimizers_against_torch() -> None:
+def test_optimizers_against_torch(rng: np.random.Generator) -> None:
     torch = pytest.importorskip("torch")
-    w0 = RNG.standard_normal((4, 3)).astype(np.float32)
-    grads = [RNG.standard_normal((4, 3)).astype(np.float32) for _ in range(5)]
+    w0 = rng.standard_normal((4, 3)).astype(np.float32)
+    grads = [rng.standard_normal((4, 3)).astype(np.float32) for _ in range(5)]
     for ours, make in ((AdamW(lr=1e-2, weight_decay=0.1), lambda p: torch.optim.AdamW([p], lr=1e-2,
                                                                                          weight_decay=0.1)),
                        (SGD(lr=0.1, momentum=0.9), lambda p: torch.optim.SGD([p], lr=0.1, momentum=0.9))):

@@ -9,7 +9,6 @@ Oracle: ``torch.quantize_per_tensor`` / ``quantize_per_channel`` (``.int_repr()`
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,11 +20,14 @@ import fpsim.quant_int as QI
 F = np.float32
 
 
+# torch deprecates the eager quantized API that is the oracle here. Per test (a mark), not a filter set once in
+# a module fixture: pytest restores the filters after each test, so such a filter held for the first test only.
+pytestmark = pytest.mark.filterwarnings("ignore:.*quantize_per_tensor.*deprecated.*")
+
+
 @pytest.fixture(scope="module")
 def torch() -> Any:
-    t = pytest.importorskip("torch")
-    warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*deprecated.*")
-    return t
+    return pytest.importorskip("torch")
 
 
 def _engines() -> list[str]:

@@ -30,7 +30,6 @@ from fpsim.nn import (
     softmax_forward,
 )
 
-RNG = np.random.default_rng(1234)
 
 
 def numgrad(f: Callable[[], float], x: np.ndarray, h: float = 1e-6) -> np.ndarray:
@@ -54,9 +53,9 @@ def close(a: np.ndarray, b: np.ndarray, tol: float = 1e-6) -> None:
     assert np.abs(a - b).max() <= tol * scale, (np.abs(a - b).max(), scale)
 
 
-def test_linear() -> None:
-    x, w, b = RNG.standard_normal((2, 3, 4)), RNG.standard_normal((4, 5)), RNG.standard_normal(5)
-    dout = RNG.standard_normal((2, 3, 5))
+def test_linear(rng: np.random.Generator) -> None:
+    x, w, b = rng.standard_normal((2, 3, 4)), rng.standard_normal((4, 5)), rng.standard_normal(5)
+    dout = rng.standard_normal((2, 3, 5))
     out, cache = linear_forward(x, w, b)
     assert out.shape == (2, 3, 5)
     dx, dw, db = linear_backward(dout, cache)
@@ -69,9 +68,9 @@ def test_linear() -> None:
     close(db, numgrad(f, b))
 
 
-def test_layernorm() -> None:
-    x, g, b = RNG.standard_normal((3, 4, 6)), RNG.standard_normal(6), RNG.standard_normal(6)
-    dout = RNG.standard_normal((3, 4, 6))
+def test_layernorm(rng: np.random.Generator) -> None:
+    x, g, b = rng.standard_normal((3, 4, 6)), rng.standard_normal(6), rng.standard_normal(6)
+    dout = rng.standard_normal((3, 4, 6))
     dx, dg, db = layernorm_backward(dout, layernorm_forward(x, g, b)[1])
 
     def f() -> float:
@@ -82,20 +81,20 @@ def test_layernorm() -> None:
     close(db, numgrad(f, b))
 
 
-def test_gelu_softmax_residual_embedding() -> None:
-    x = RNG.standard_normal((3, 7)) * 2
-    dout = RNG.standard_normal((3, 7))
+def test_gelu_softmax_residual_embedding(rng: np.random.Generator) -> None:
+    x = rng.standard_normal((3, 7)) * 2
+    dout = rng.standard_normal((3, 7))
     close(gelu_backward(dout, gelu_forward(x)[1]), numgrad(lambda: float((gelu_forward(x)[0] * dout).sum()), x))
     close(softmax_backward(dout, softmax_forward(x)[1]),
           numgrad(lambda: float((softmax_forward(x)[0] * dout).sum()), x))
-    y = RNG.standard_normal((3, 7))
+    y = rng.standard_normal((3, 7))
     out, c = residual_forward(x, y)
     assert np.array_equal(out, x + y)
     a, b = residual_backward(dout, c)
     assert a is dout and b is dout
-    w = RNG.standard_normal((5, 4))
+    w = rng.standard_normal((5, 4))
     idx = np.array([[0, 3, 3], [4, 0, 1]])
-    d = RNG.standard_normal((2, 3, 4))
+    d = rng.standard_normal((2, 3, 4))
     dw = embedding_backward(d, embedding_forward(idx, w)[1])
     close(dw, numgrad(lambda: float((embedding_forward(idx, w)[0] * d).sum()), w))
 
@@ -106,8 +105,8 @@ def test_softmax_masked_entries() -> None:
     assert y[0, 1] == 0 and abs(y.sum() - 1) < 1e-15
 
 
-def test_cross_entropy() -> None:
-    z = RNG.standard_normal((2, 3, 5))
+def test_cross_entropy(rng: np.random.Generator) -> None:
+    z = rng.standard_normal((2, 3, 5))
     t = np.array([[1, -1, 4], [0, 2, -1]])
     loss, cache = cross_entropy_forward(z, t)
     p = np.exp(z) / np.exp(z).sum(-1, keepdims=True)
@@ -119,12 +118,12 @@ def test_cross_entropy() -> None:
     close(cross_entropy_backward(1.0, c8), cross_entropy_backward(1.0, cache) / 2, 1e-14)
 
 
-def test_attention() -> None:
+def test_attention(rng: np.random.Generator) -> None:
     B, T, C, H = 2, 5, 8, 2
-    x = RNG.standard_normal((B, T, C))
-    wq, bq = RNG.standard_normal((C, 3 * C)) * 0.5, RNG.standard_normal(3 * C) * 0.1
-    wp, bp = RNG.standard_normal((C, C)) * 0.5, RNG.standard_normal(C) * 0.1
-    dout = RNG.standard_normal((B, T, C))
+    x = rng.standard_normal((B, T, C))
+    wq, bq = rng.standard_normal((C, 3 * C)) * 0.5, rng.standard_normal(3 * C) * 0.1
+    wp, bp = rng.standard_normal((C, C)) * 0.5, rng.standard_normal(C) * 0.1
+    dout = rng.standard_normal((B, T, C))
     g = attention_backward(dout, attention_forward(x, wq, bq, wp, bp, H)[1])
 
     def f() -> float:
@@ -134,10 +133,10 @@ def test_attention() -> None:
         close(g[name], numgrad(f, arr))
 
 
-def test_attention_is_causal() -> None:
+def test_attention_is_causal(rng: np.random.Generator) -> None:
     B, T, C = 1, 6, 8
-    x = RNG.standard_normal((B, T, C))
-    args = (RNG.standard_normal((C, 3 * C)), None, RNG.standard_normal((C, C)), None, 2)
+    x = rng.standard_normal((B, T, C))
+    args = (rng.standard_normal((C, 3 * C)), None, rng.standard_normal((C, C)), None, 2)
     out, _ = attention_forward(x, *args)
     x2 = x.copy()
     x2[:, 4:] += 10.0
@@ -145,22 +144,22 @@ def test_attention_is_causal() -> None:
     assert np.array_equal(out[:, :4], out2[:, :4])
 
 
-def _tiny() -> tuple[GPTConfig, dict[str, np.ndarray], np.ndarray, np.ndarray]:
+def _tiny(rng: np.random.Generator) -> tuple[GPTConfig, dict[str, np.ndarray], np.ndarray, np.ndarray]:
     cfg = GPTConfig(vocab_size=7, block_size=6, n_layer=2, n_head=2, n_embd=8)
-    p = {k: v + 0.2 * RNG.standard_normal(v.shape) for k, v in init_params(cfg, seed=3, dtype=np.float64).items()}
-    idx = RNG.integers(0, 7, (2, 5))
-    tgt = RNG.integers(-1, 7, (2, 5))
+    p = {k: v + 0.2 * rng.standard_normal(v.shape) for k, v in init_params(cfg, seed=3, dtype=np.float64).items()}
+    idx = rng.integers(0, 7, (2, 5))
+    tgt = rng.integers(-1, 7, (2, 5))
     return cfg, p, idx, tgt
 
 
-def test_gpt_gradcheck() -> None:
-    cfg, p, idx, tgt = _tiny()
+def test_gpt_gradcheck(rng: np.random.Generator) -> None:
+    cfg, p, idx, tgt = _tiny(rng)
     _, _loss, cache = gpt_forward(p, cfg, idx, tgt)
     g = gpt_backward(1.0, cache)
     assert set(g) == set(p)
     for k in p:  # a few sampled coordinates per tensor keeps this fast
         flat = p[k].reshape(-1)
-        for j in RNG.choice(flat.size, size=min(4, flat.size), replace=False):
+        for j in rng.choice(flat.size, size=min(4, flat.size), replace=False):
             old = flat[j]
             flat[j] = old + 1e-6
             lp = float(gpt_forward(p, cfg, idx, tgt)[1])
@@ -186,11 +185,11 @@ def test_gpt_config_validation_and_tying() -> None:
 
 
 @pytest.mark.torch
-def test_gpt_against_torch_autograd() -> None:
+def test_gpt_against_torch_autograd(rng: np.random.Generator) -> None:
     torch = pytest.importorskip("torch")
     import torch.nn.functional as F
 
-    cfg, p, idx, tgt = _tiny()
+    cfg, p, idx, tgt = _tiny(rng)
     _, loss, cache = gpt_forward(p, cfg, idx, tgt)
     g = gpt_backward(1.0, cache)
     tp = {k: torch.tensor(v, requires_grad=True) for k, v in p.items()}
