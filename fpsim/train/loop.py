@@ -271,8 +271,11 @@ class _Progress:
 
                 # ipykernel imported is not a kernel running (e.g. a process that ran notebooks through
                 # nbclient): without one, display() would print the bar once and hand back no handle
-                if getattr(get_ipython(), "kernel", None) is not None:  # type: ignore[no-untyped-call]
-                    self.handle = display(self._text(0, ""), display_id=True)  # type: ignore[no-untyped-call]
+                # typed as Any: whether IPython's stubs type get_ipython() depends on its version
+                ipython: Any = get_ipython
+                if getattr(ipython(), "kernel", None) is not None:
+                    show: Any = display
+                    self.handle = show(self._text(0, ""), display_id=True)
                     self.mode = "notebook"
                 elif enabled or sys.stderr.isatty():
                     self.mode = "tty"
