@@ -314,3 +314,31 @@ def test_blas_threads_context(restore_threads: Any) -> None:
 def test_set_threads_rejects(bad: Any, exc: type[Exception]) -> None:
     with pytest.raises(exc, match="BLAS thread count"):
         _blas.set_threads(bad)
+
+
+@needs_blas
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fallback reads /proc/self/maps")
+def test_libraries_found_without_threadpoolctl(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    real = importlib.import_module
+
+    def without_threadpoolctl(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "threadpoolctl":
+            raise ImportError(name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib, "import_module", without_threadpoolctl)
+    found = _blas._find_controls()
+    assert found, "no BLAS library found in /proc/self/maps"
+    assert _blas.get_threads() in [int(get()) for get, _ in found]
+
+
+@needs_blas
+def test_one_thread_bits_unchanged(restore_threads: Any) -> None:
+    """At one thread the helper is plain ``@``: the bits of every run pinned to one thread before stay."""
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((3, 320, 64)).astype(np.float32)
+    b = rng.standard_normal((64, 256)).astype(np.float32)
+    limit_blas_threads(1)
+    assert np.array_equal(_blas.matmul(a, b), a @ b)
