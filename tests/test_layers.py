@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1] / "fpsim"
 LAYER = {
     "formats": 0, "rounding": 0, "bits": 0, "_deprecation": 0, "_ckernel": 0, "_names": 0, "_fpenv": 0,
     "_exact": 0, "_cliargs": 0, "_interop": 0, "_dask": 0,
-    "_checks": 0,
+    "_checks": 0, "_blas": 0,
     "arith": 1, "array": 1,
     "mma": 2, "accumulate": 2, "_sumtree": 2,
     "nn": 3,

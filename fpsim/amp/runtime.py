@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from .._blas import matmul as _blas_matmul
 from ..formats import Format, as_format
 from ..quant import fake_quantize_with_mask
 from ..rounding import round as fround
@@ -176,9 +177,9 @@ class PolicyRuntime:
         products included): the operands arrive rounded to their formats (values, float32 carriers)."""
         g = self.policy.gemm
         if g == "fast":
-            return np.asarray(a @ b)
+            return np.asarray(_blas_matmul(a, b))  # single-threaded BLAS: the same bits at any thread count
         if g == "fast64":
-            return np.asarray(a.astype(np.float64) @ b.astype(np.float64))
+            return np.asarray(_blas_matmul(a.astype(np.float64), b.astype(np.float64)))
         return self._mma(a, b)
 
     def _mma(self, a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:

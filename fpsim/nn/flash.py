@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from .._blas import matmul as _blas_matmul
 from .._checks import check_bool, check_int, check_real
 from .._fpenv import ieee_mode
 from .._names import norm_name
@@ -141,7 +142,7 @@ class KernelPrecision:
             from .. import mma
 
             return np.asarray(mma.matmul(ac, bc, c, model=self._model), dtype=_F32)
-        out = np.asarray(ac @ bc)
+        out = np.asarray(_blas_matmul(ac, bc))
         return out if c is None else np.asarray(c, _F32) + out
 
     def matmul(self, a: np.ndarray, b: np.ndarray, site: str, kind: str,
@@ -600,7 +601,7 @@ def fp8_attention(q: Any, k: Any, v: Any, *, rotate: bool = False, block_scaling
     ps = check_real(p_scale, "p_scale", lo=0.0, lo_open=True)
     if check_bool(rotate, "rotate"):
         m = random_hadamard(hd, seed).astype(q.dtype)                                 # (hd, hd)
-        q, k = q @ m, k @ m                                                           # (B, nh, T, hd)
+        q, k = _blas_matmul(q, m), _blas_matmul(k, m)                                 # (B, nh, T, hd)
     blk = check_bool(block_scaling, "block_scaling")
     q8, qd = _quant_blocks(q, fmt, bq if blk else None, prec.rounding)
     k8, kd = _quant_blocks(k, fmt, bk if blk else None, prec.rounding)

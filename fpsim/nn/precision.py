@@ -14,6 +14,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from .._blas import matmul as _blas_matmul
+
 __all__ = ["FULL", "GEMM_KINDS", "FullPrecision", "Precision", "current_precision"]
 
 #: The roles a GEMM can play; a policy may treat them differently (e.g. FP8 only for ``"linear"``).
@@ -54,7 +56,7 @@ class FullPrecision:
 
     def matmul(self, a: np.ndarray, b: np.ndarray, site: str, kind: str,
                bias: np.ndarray | None = None) -> tuple[np.ndarray, Any]:
-        out = a @ b
+        out = _blas_matmul(a, b)
         if bias is not None:
             out = out + bias
         return out, (a, b, bias is not None)
@@ -76,13 +78,13 @@ def _matmul_grads(dout: np.ndarray, a: np.ndarray, b: np.ndarray,
 
     a (..., M, K), b (K, N) or (..., K, N), dout (..., M, N).
     """
-    da = dout @ np.swapaxes(b, -1, -2)                          # (..., M, K)
+    da = _blas_matmul(dout, np.swapaxes(b, -1, -2))                         # (..., M, K)
     if b.ndim == 2:
         a2 = a.reshape(-1, a.shape[-1])                          # (B*M, K)
         d2 = dout.reshape(-1, dout.shape[-1])                    # (B*M, N)
-        db = a2.T @ d2                                           # (K, N)
+        db = _blas_matmul(a2.T, d2)                              # (K, N)
     else:
-        db = np.swapaxes(a, -1, -2) @ dout                       # (..., K, N)
+        db = _blas_matmul(np.swapaxes(a, -1, -2), dout)          # (..., K, N)
     dbias = dout.reshape(-1, dout.shape[-1]).sum(axis=0) if has_bias else None  # (N,)
     return da, db, dbias
 

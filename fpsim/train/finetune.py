@@ -199,7 +199,8 @@ def finetune_comparison(s: FinetuneSettings | None = None, seeds: Sequence[int] 
                         threads: int = 1) -> dict[str, Any]:
     """Pretrain once per seed, fine-tune with every method; per method the mean and spread over seeds.
 
-    ``threads``: OpenBLAS threads during the runs (1: the tiny GEMMs are fastest single-threaded).
+    ``threads``: BLAS threads for other BLAS work during the runs; the GEMMs of every run are single-threaded
+    whatever it is (``fpsim/_blas.py``), so no result depends on it.
 
     Returns ``{"settings", "runs": [per run dicts], "methods": {method: summary}}``; a summary holds
     ``eval_after`` (mean), ``eval_after_min``/``_max``/``_std`` over seeds, ``eval_before``,

@@ -27,6 +27,7 @@ from ..amp import MasterWeights, Policy, get_policy, make_optimizer
 from ..amp.runtime import HIST_HI, HIST_LO
 from ..nn import GPTConfig, gpt_backward, gpt_forward, init_params
 from ..nn.gpt import _check_params
+from ._threads import single_threaded
 from .data import Task, _check_task_kwargs, _parse_task_name, get_task
 
 __all__ = ["History", "TrainConfig", "Trainer", "lr_at"]
@@ -378,6 +379,7 @@ class Trainer:
         rt.begin_step(recording=rec, histograms=hist)
         return s, rec, hist
 
+    @single_threaded()  # BLAS at one thread: the same bits at any thread count (fpsim/_blas.py)
     def step(self) -> dict[str, Any]:
         """One training step; returns its row of telemetry."""
         cfg, pol, rt = self.config, self.policy, self.runtime
@@ -468,6 +470,7 @@ class Trainer:
                 d["hist_zeros"].setdefault(k, []).append(int(rt.hist_zeros[k]))
         return row
 
+    @single_threaded()  # BLAS at one thread: the same bits at any thread count (fpsim/_blas.py)
     def evaluate(self, batches: list[tuple[np.ndarray, np.ndarray]] | None = None) -> float:
         """Mean loss over the held-out batches, computed in the policy's forward precision."""
         rt = self.runtime
@@ -501,6 +504,7 @@ class Trainer:
         self.history.data["eval_step"].append(self.step_count)
         self.history.data["eval_loss"].append(self.evaluate())
 
+    @single_threaded()  # BLAS at one thread: the same bits at any thread count (fpsim/_blas.py)
     def run(self, steps: int | None = None, *, progress: bool | None = None, checkpoint: str | None = None,
             checkpoint_every: int = 0, label: str | None = None) -> History:
         """Train until ``steps`` (default ``config.steps``) steps have been taken in total.
@@ -544,6 +548,7 @@ class Trainer:
             self.post_training_quantize()
         self._eval_log()
 
+    @single_threaded()  # BLAS at one thread: the same bits at any thread count (fpsim/_blas.py)
     def post_training_quantize(self) -> None:
         """Calibrate the activation observers on ``calibration_batches`` training batches, then switch
         fake quantization on with the observers frozen (PTQ)."""

@@ -68,6 +68,7 @@ from ..amp import Policy
 from ..formats import Format, as_format
 from ..nn import gpt_backward, gpt_forward
 from ..rounding import round as fround
+from ._threads import single_threaded
 from .loop import TrainConfig, Trainer
 
 __all__ = [
@@ -574,6 +575,7 @@ class DataParallelTrainer(Trainer):
                 total += comm_bytes(n, world, algorithm=self.algorithm, wire=self.wire)
         return total
 
+    @single_threaded()  # BLAS at one thread: the same bits at any thread count (fpsim/_blas.py)
     def step(self) -> dict[str, Any]:
         """One data-parallel training step; returns its row of telemetry."""
         cfg, pol, rt = self.config, self.policy, self.runtime
