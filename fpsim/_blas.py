@@ -71,18 +71,22 @@ if hasattr(os, "register_at_fork"):
 
 
 def _library_paths() -> list[str]:
-    """Files of the loaded BLAS libraries: threadpoolctl's list when it is installed (every platform), else the
-    ones mapped into this process (Linux)."""
+    """Files of the loaded BLAS libraries: threadpoolctl's list (every platform) together with the ones mapped
+    into this process (Linux), so that an older threadpoolctl that does not know a library's name (NumPy's
+    scipy-openblas wheels) misses nothing."""
+    paths: set[str] = set()
     try:
         tpc = importlib.import_module("threadpoolctl")
+        paths.update(str(d["filepath"]) for d in tpc.threadpool_info() if d.get("user_api") == "blas")
     except ImportError:
-        try:
-            with open("/proc/self/maps") as f:
-                return sorted({line.split()[-1] for line in f
-                               if ".so" in line and any(n in line.lower() for n in _LIB_NAMES)})
-        except OSError:
-            return []
-    return sorted({str(d["filepath"]) for d in tpc.threadpool_info() if d.get("user_api") == "blas"})
+        pass
+    try:
+        with open("/proc/self/maps") as f:
+            paths.update(line.split()[-1] for line in f
+                         if ".so" in line and any(n in line.lower() for n in _LIB_NAMES))
+    except OSError:
+        pass
+    return sorted(paths)
 
 
 def _find_controls() -> list[_Control]:
