@@ -221,8 +221,12 @@ def test_default_isa_follows_an_imported_torch(monkeypatch: pytest.MonkeyPatch) 
 
     def fake(cap: Any) -> types.ModuleType:
         mod = types.ModuleType("torch")
-        get = (lambda: cap) if not isinstance(cap, Exception) else (lambda: (_ for _ in ()).throw(cap))
-        mod.backends = types.SimpleNamespace(cpu=types.SimpleNamespace(get_cpu_capability=get))  # type: ignore[attr-defined]
+        def get() -> Any:
+            if isinstance(cap, Exception):
+                raise cap
+            return cap
+
+        setattr(mod, "backends", types.SimpleNamespace(cpu=types.SimpleNamespace(get_cpu_capability=get)))
         return mod
 
     monkeypatch.delitem(sys.modules, "torch", raising=False)
