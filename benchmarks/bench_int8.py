@@ -56,7 +56,7 @@ def loss_comparison() -> None:
         d = ls - fq
         cd = [sum(v[i] for v in ir.act_code_diff.values()) for i in (0, 1)]
         sat = [sum(v[i] for v in ir.saturated.values()) for i in (0, 1)]
-        print(f"integers, {out:6s} {eng:7s}: {ls.mean():.7f}  diff {d.mean():+.2e}  max|per batch| "
+        print(f"integers, {out:6s} {eng:7s} (isa {ir.isa}): {ls.mean():.7f}  diff {d.mean():+.2e}  max|per batch| "
               f"{np.abs(d).max():.2e}  activation codes differing {cd[0]}/{cd[1]}  saturated {sat[0]}/{sat[1]}")
 
 
@@ -91,7 +91,7 @@ def main() -> None:
     t_fq = best(lambda: fake_quantize(x, xs, xz, 0, 255) @ fake_quantize(w, ws, zw, -128, 127, axis=0).T + b,
                 repeat)
     t_q = best(lambda: QI.quantize_per_tensor(x, xs, xz), repeat)
-    rows.append(("fpsim quantized_linear (fbgemm rules)", t_fp, "1"))
+    rows.append((f"fpsim quantized_linear (fbgemm rules, isa={QI.default_isa()})", t_fp, "1"))
     rows.append(("NumPy float32 x @ w.T + b", t_np, f"{t_fp / t_np:.1f}x faster than fpsim int"))
     rows.append(("fpsim fake-quant linear (QAT forward)", t_fq, f"{t_fp / t_fq:.2f}x (fpsim int / fake quant)"))
     xt = torch.from_numpy(x)

@@ -12,8 +12,18 @@ torch when comparing):
   to the dtype's range (quint8 0..255, qint8 -128..127, qint32). Both differ from the fake-quant kernels'
   ``nearbyint(x * inv) + zero_point`` near ties (zero point added after rounding). Both orders were
   established by measurement against torch 2.13 on an AVX512 CPU (near-tie probes), not from its source.
-* :func:`int_matmul`: the exact integer GEMM ``acc[m, n] = sum_k (qx[m, k] - zx) * (qw[n, k] - zw[n])``
-  (what fbgemm obtains from ``qx @ qw`` and its row/column offsets), checked to fit int32.
+* :func:`int_matmul`: the integer GEMM ``acc[m, n] = sum_k (qx[m, k] - zx) * (qw[n, k] - zw[n])``
+  (what fbgemm and oneDNN obtain from the raw ``qx @ qw`` and the zero points' row/column offsets),
+  checked to fit int32. Exact, except where the raw sum depends on the CPU (``isa``, one of
+  :data:`ISAS`; default :func:`default_isa`): without VNNI (``"avx2"``; also AVX-512 CPUs without
+  VNNI), fbgemm/x86 and oneDNN build the raw sum with ``vpmaddubsw``, which adds the u8 x s8 products
+  of adjacent pairs ``k = 2j, 2j + 1`` saturated to int16 before widening to int32 (fbgemm's
+  ``GenerateKernelU8S8S32ACC32.cc``; oneDNN's non-VNNI ``dot_product``), so ``255*127 + 255*127``
+  counts as 32767; with VNNI (``"avx512"``: ``vpdpbusd``) the sum is exact. qnnpack's x86 kernels
+  widen to int16 first (``pmaddwd``): exact on every ISA. The requantization below is the same on both
+  ISAs. Validated against torch 2.13.0+cpu: ``"avx2"`` on an AMD EPYC with AVX2 and no AVX-512 or
+  AVX-VNNI, ``"avx512"`` on an AMD EPYC with AVX-512 VNNI (0 mismatching codes over 448 random Linear
+  problems per engine on each).
 * :func:`requantize`: the int32 accumulator to the output's quint8, per engine:
 
   - ``fbgemm``/``x86`` (``fbgemm::ReQuantizeOutput`` with a float bias):
@@ -31,8 +41,9 @@ torch when comparing):
 
   then saturation at ``[0, 255]`` (``[z_y, 255]`` with a fused ReLU).
 * :func:`quantized_linear`: all of it, like ``torch.ops.quantized.linear`` (``linear_relu``) on a packed
-  weight; :func:`dequantize_linear`: the same GEMM with a float output ``float(acc) * (s_x * s_w) + bias``
-  (the int32 result dequantized in the epilogue, no output quantization).
+  weight (``engine``'s accumulator on ``isa``, then its requantization); :func:`dequantize_linear`: the
+  exact GEMM with a float output ``float(acc) * (s_x * s_w) + bias`` (the int32 result dequantized in the
+  epilogue, no output quantization).
 * :class:`IntegerRuntime`: a QAT-trained model (an ``int8-qat`` policy's runtime) run with true integer
   inference in its quantized GEMMs; every other op stays float as in the fake-quant model.
 
@@ -42,12 +53,16 @@ torch when comparing):
 >>> qx = np.uint8([[12, 200, 3]]); qw = np.int8([[127, -128, 5], [1, 2, 3]])
 >>> QI.int_matmul(qx, 3, qw, 0).tolist()           # sum (qx - 3) * qw, exact in int32
 [[-24073, 403]]
->>> QI.quantized_linear(qx, 0.02, 3, qw, np.float32([0.01, 0.02]), 0, None, 0.05, 128).tolist()
+>>> QI.quantized_linear(qx, 0.02, 3, qw, np.float32([0.01, 0.02]), 0, None, 0.05, 128, isa="avx512").tolist()
 [[32, 131]]
+>>> big = np.uint8([[255, 255]]); w2 = np.int8([[127, 127]])
+>>> [QI.int_matmul(big, 0, w2, 0, engine="fbgemm", isa=i).tolist() for i in QI.ISAS]  # int16 pair saturation
+[[[32767]], [[64770]]]
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -63,9 +78,11 @@ from .scaling import _as_float
 
 __all__ = [
     "ENGINES",
+    "ISAS",
     "QDTYPES",
     "IntegerRuntime",
     "dequantize",
+    "default_isa",
     "dequantize_linear",
     "int_matmul",
     "quantize_per_channel",
@@ -78,6 +95,15 @@ _F32 = np.float32
 #: Quantized engines modelled (``torch.backends.quantized.engine`` names). ``x86`` runs fbgemm's
 #: kernels for ``quantized::linear``.
 ENGINES = ("fbgemm", "x86", "qnnpack", "onednn")
+#: CPU instruction sets whose integer GEMM is modelled (``torch.backends.cpu.get_cpu_capability()``
+#: spelled in lower case): ``"avx2"`` sums u8 x s8 products in adjacent pairs saturated to int16
+#: (``vpmaddubsw``), ``"avx512"`` (with VNNI) sums them exactly (``vpdpbusd``). See :func:`default_isa`.
+ISAS = ("avx2", "avx512")
+#: The ISA assumed when torch is not imported: the one the model was first validated on.
+_DEFAULT_ISA = "avx512"
+#: Engines whose x86 GEMM kernels use ``vpmaddubsw`` without VNNI (qnnpack's SSE2 kernels widen to
+#: int16 and use ``pmaddwd``: exact on every ISA).
+_PAIR_ENGINES = ("fbgemm", "x86", "onednn")
 #: Quantized dtypes: name -> (NumPy integer dtype, min, max).
 QDTYPES: dict[str, tuple[type[np.integer[Any]], int, int]] = {
     "quint8": (np.uint8, 0, 255),
@@ -236,20 +262,105 @@ def _int_operands(qx: Any, qw: Any) -> tuple[np.ndarray, np.ndarray]:
     return a, w
 
 
+def default_isa() -> str:
+    """The ISA :func:`int_matmul` and :func:`quantized_linear` model when ``isa`` is not given.
+
+    If torch is already imported (fpsim never imports it), the one torch reports,
+    ``torch.backends.cpu.get_cpu_capability()``: ``"AVX2"`` gives ``"avx2"``, ``"AVX512"`` gives
+    ``"avx512"``. Otherwise (no torch, or another capability) ``"avx512"``, the ISA the model was first
+    validated on. torch's capability says nothing about VNNI, and fbgemm and oneDNN detect the CPU
+    themselves (``ATEN_CPU_CAPABILITY`` does not steer them): on an AVX-512 CPU without VNNI, or with
+    that variable set, pass ``isa`` explicitly.
+
+    >>> default_isa() in ISAS
+    True
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            cap = str(torch.backends.cpu.get_cpu_capability())
+        except Exception:  # noqa: BLE001 - a partly imported or stubbed torch: fall back to the default
+            return _DEFAULT_ISA
+        if cap.strip().lower() in ISAS:
+            return cap.strip().lower()
+    return _DEFAULT_ISA
+
+
+def _isa(isa: str | None) -> str:
+    return default_isa() if isa is None else parse_name(isa, ISAS, "isa")
+
+
+def _pair_excess(a: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``sum_j (p_j - sat16(p_j))`` per output, ``p_j = a[2j] w[n, 2j] + a[2j+1] w[n, 2j+1]``: what
+    ``vpmaddubsw``'s int16 saturation takes off the exact raw sum ``sum_k a[k] w[n, k]``.
+
+    ``a`` (..., K) in [0, 255], ``w`` (N, K) in [-128, 127]; an odd K is padded with a zero, as the
+    packed matrices are. Only a pair of same-sign weights can leave int16 (``|p| <= 255 * 128`` else), and
+    only when ``max(a) * (|w0| + |w1|)`` passes the bound; just those pairs are evaluated, in blocks of
+    rows, so the usual case (small weights) costs one pass over ``w``.
+    """
+    n, k = w.shape
+    rows = int(np.prod(a.shape[:-1], dtype=np.int64))
+    out = np.zeros((rows, n), np.int64)
+    amax = int(a.max()) if a.size else 0
+    w64 = w.astype(np.int64)
+    if k % 2:
+        w64 = np.concatenate([w64, np.zeros((n, 1), np.int64)], axis=1)
+    we, wo = w64[:, 0::2], w64[:, 1::2]
+    same = (we * wo >= 0)
+    mag = np.abs(we) + np.abs(wo)
+    up = (we + wo) > 0                                      # a same-sign pair can only overflow its own way
+    limit = np.where(up, 32767, 32768)
+    nn, jj = np.nonzero(same & (amax * mag > limit))
+    if nn.size == 0 or rows == 0:
+        return out.reshape(a.shape[:-1] + (n,))
+    a2 = a.reshape(rows, k)
+    ae, ao = a2[:, 0::2], a2[:, 1::2]
+    if k % 2:
+        ao = np.concatenate([ao, np.zeros((rows, 1), a2.dtype)], axis=1)
+    w0 = np.abs(we[nn, jj]).astype(np.int32)
+    w1 = np.abs(wo[nn, jj]).astype(np.int32)
+    lim = limit[nn, jj].astype(np.int32)
+    sign = np.where(up[nn, jj], 1, -1)
+    block = max(1, (1 << 22) // nn.size)                                   # ~4M pair products at a time
+    flat = out.reshape(-1)
+    for r0 in range(0, rows, block):
+        p = ae[r0:r0 + block][:, jj].astype(np.int32)
+        p *= w0
+        p += ao[r0:r0 + block][:, jj].astype(np.int32) * w1                  # |a0 w0 + a1 w1|, exact
+        p -= lim
+        r, c = np.nonzero(p > 0)                                             # the pairs past int16: few
+        np.add.at(flat, (r + r0) * n + nn[c], p[r, c] * sign[c])
+    return out.reshape(a.shape[:-1] + (n,))
+
+
 @ieee_mode
 @returns_input_kind(dtype_option=False)
-def int_matmul(qx: Any, x_zero_point: Any, qw: Any, w_zero_point: Any) -> np.ndarray:
-    """Exact int32 accumulator ``acc[..., n] = sum_k (qx[..., k] - zx) * (qw[n, k] - zw[n])``.
+def int_matmul(qx: Any, x_zero_point: Any, qw: Any, w_zero_point: Any, *, engine: str | None = None,
+               isa: str | None = None) -> np.ndarray:
+    """int32 accumulator ``acc[..., n] = sum_k (qx[..., k] - zx) * (qw[n, k] - zw[n])``.
 
     ``qw`` has torch's weight layout ``(out_features, in_features)``; ``w_zero_point`` is a scalar or
-    one per output channel. Computed exactly (a float64 GEMM of integers is exact while every partial
-    sum stays below 2**53, which |acc| <= 2**31 and K < 2**21 guarantee); a result outside int32 raises
-    ``OverflowError`` (the backends would wrap it silently).
+    one per output channel. Without ``engine``, the exact sum. With ``engine``, the sum that engine's
+    kernel computes on ``isa`` (see :data:`ISAS`; ``None``: :func:`default_isa`): fbgemm (``x86``) and
+    oneDNN form the raw ``sum_k qx[k] * qw[n, k]`` and subtract the zero points' row and column offsets
+    exactly; on ``"avx2"`` (and on AVX-512 without VNNI) the raw sum is built with ``vpmaddubsw``, which
+    adds the products of adjacent pairs ``k = 2j, 2j + 1`` saturated to int16 ([-32768, 32767]) before
+    widening, so a pair like 255 * 127 + 255 * 127 counts as 32767 (``qx`` must then be uint8 values and
+    ``qw`` int8 values). On ``"avx512"`` (VNNI's ``vpdpbusd``) and for qnnpack the sum is exact.
+
+    Computed exactly (a float64 GEMM of integers is exact while every partial sum stays below 2**53,
+    which |acc| <= 2**31 and K < 2**21 guarantee); a result outside int32 raises ``OverflowError`` (the
+    backends would wrap it silently).
 
     >>> int_matmul(np.uint8([[255, 255]]), 0, np.int8([[127, 127]]), 0).tolist()
     [[64770]]
+    >>> int_matmul(np.uint8([[255, 255]]), 0, np.int8([[127, 127]]), 0, engine="fbgemm", isa="avx2").tolist()
+    [[32767]]
     """
     a, w = _int_operands(qx, qw)
+    eng = None if engine is None else parse_name(engine, ENGINES, "engine")
+    cpu = _isa(isa)
     zx = _zero_points(x_zero_point, 1, -(2**31), 2**31 - 1, "x_zero_point")[0]
     zw = _zero_points(w_zero_point, w.shape[0], -(2**31), 2**31 - 1, "w_zero_point")
     if w.shape[1] >= 2**21:
@@ -257,6 +368,13 @@ def int_matmul(qx: Any, x_zero_point: Any, qw: Any, w_zero_point: Any) -> np.nda
     af = a.astype(np.float64) - float(zx)
     wf = w.astype(np.float64) - zw.astype(np.float64).reshape(-1, 1)
     acc = af @ wf.T                                                            # (..., N), exact
+    if eng in _PAIR_ENGINES and cpu == "avx2":
+        # the kernel saturates the raw products, not the zero-point-corrected ones
+        for name, v, lo, hi in (("qx", a, 0, 255), ("qw", w, -128, 127)):
+            if v.size and (v.min() < lo or v.max() > hi):
+                raise ValueError(f"{name} must hold values in [{lo}, {hi}] for {eng} on {cpu} "
+                                 f"(u8 x s8 products), got [{v.min()}, {v.max()}]")
+        acc = acc - _pair_excess(a, w)
     if acc.size and (acc.max() > _I32_MAX or acc.min() < -(2**31)):
         raise OverflowError("int32 accumulator overflow (the backends would wrap): "
                             f"range [{acc.min():.0f}, {acc.max():.0f}]")
@@ -344,19 +462,20 @@ def _recip2(s: Any) -> np.ndarray:
 @returns_input_kind(dtype_option=False)
 def quantized_linear(qx: Any, x_scale: Any, x_zero_point: Any, qw: Any, w_scale: Any, w_zero_point: Any,
                      bias: Any, out_scale: Any, out_zero_point: Any, *, engine: str = "fbgemm",
-                     relu: bool = False) -> np.ndarray:
+                     relu: bool = False, isa: str | None = None) -> np.ndarray:
     """``torch.ops.quantized.linear`` (``linear_relu`` with ``relu=True``): quint8 in, quint8 out.
 
     ``qx`` (..., K) uint8 with ``x_scale``/``x_zero_point``; ``qw`` (N, K) int8 with per-tensor or
     per-channel ``w_scale``/``w_zero_point``; ``bias`` float (N,) or None; output scale and zero point.
-    :func:`int_matmul` then :func:`requantize`.
+    :func:`int_matmul` (``engine``'s accumulator on ``isa``, default :func:`default_isa`) then
+    :func:`requantize` (the same on every ISA).
 
     >>> qx = np.uint8([[0, 255, 7]]); qw = np.int8([[127, 127, 127]])
     >>> quantized_linear(qx, 0.1, 0, qw, 0.1, 0, np.float32([0.5]), 0.05, 0).tolist()   # saturates
     [[255]]
     """
     a, w = _int_operands(qx, qw)
-    acc = int_matmul(a, x_zero_point, w, w_zero_point)
+    acc = int_matmul(a, x_zero_point, w, w_zero_point, engine=engine, isa=isa)
     return requantize(acc, x_scale, w_scale, out_scale, out_zero_point, bias, engine=engine, relu=relu)
 
 
@@ -402,14 +521,17 @@ class IntegerRuntime(PolicyRuntime):
     * ``output="float"``: the accumulator is dequantized in the epilogue, ``float(acc) * (s_x s_w) + b``
       (:func:`dequantize_linear`) — the same model as the fake-quant estimate, computed in integers;
     * ``output="quint8"``: requantized to quint8 like ``torch.ao.nn.quantized.Linear`` (``engine``'s
-      :func:`requantize`), with output scale and zero point from a min/max observer calibrated by
-      :meth:`calibrate_outputs`, then dequantized for the float op that follows (a ``DeQuantStub``).
+      accumulator on ``isa``, see :func:`int_matmul`, and its :func:`requantize`), with output scale and
+      zero point from a min/max observer calibrated by :meth:`calibrate_outputs`, then dequantized for the
+      float op that follows (a ``DeQuantStub``). ``isa=None`` is :func:`default_isa` when the runtime is
+      built (kept in ``self.isa``).
 
     LayerNorm, GELU, softmax, residual adds, embeddings and the ``lm_head`` stay float (FP32), as in the
     fake-quant model. Evaluation only: there is no integer backward.
     """
 
-    def __init__(self, trained: PolicyRuntime, *, output: str = "float", engine: str = "fbgemm") -> None:
+    def __init__(self, trained: PolicyRuntime, *, output: str = "float", engine: str = "fbgemm",
+                 isa: str | None = None) -> None:
         if not isinstance(trained, PolicyRuntime):
             raise TypeError(f"trained must be a PolicyRuntime, got {type(trained).__name__}")
         pol: Policy = trained.policy
@@ -424,6 +546,7 @@ class IntegerRuntime(PolicyRuntime):
         super().__init__(pol)
         self.output = parse_name(output, ("float", "quint8"), "output")
         self.engine = parse_name(engine, ENGINES, "engine")
+        self.isa = _isa(isa)
         self._obs = {k: v.copy() for k, v in trained._obs.items()}
         self.training = False
         self.quant_active = True
@@ -482,7 +605,7 @@ class IntegerRuntime(PolicyRuntime):
             mn0, mx0 = min(mn, _F32(0)), max(mx, _F32(0))
             s_y = max(_F32((mx0 - mn0) / _F32(255)), _F32(np.finfo(np.float32).eps))
             zp_y = int(np.clip(0 - np.rint(mn0 / s_y), 0, 255))
-            acc = int_matmul(qa, zp_a, qw, 0)
+            acc = int_matmul(qa, zp_a, qw, 0, engine=self.engine, isa=self.isa)
             qy = requantize(acc, s_a, s_w, s_y, zp_y, bias32, engine=self.engine)
             st = self.saturated.setdefault(site, [0, 0])
             st[0] += int(np.count_nonzero((qy == 0) | (qy == 255)))

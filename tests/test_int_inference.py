@@ -4,6 +4,11 @@ Oracle: ``torch.quantize_per_tensor`` / ``quantize_per_channel`` (``.int_repr()`
 ``torch.ao.nn.quantized.Linear``, ``torch.ao.nn.intrinsic.quantized.LinearReLU`` and
 ``torch.ops.quantized.linear`` on a packed weight, for every engine in
 ``torch.backends.quantized.supported_engines``.
+
+The kernels' integer GEMM depends on the CPU (``fpsim.quant_int.ISAS``): the Linear tests are parametrized by
+ISA and each runs only on a CPU of that kind, skipping elsewhere with the reason. Validated with torch 2.13.0+cpu:
+``avx2`` on an AMD EPYC with AVX2 and neither AVX-512 nor AVX-VNNI (``get_cpu_capability()`` = ``AVX2``),
+``avx512`` on an AMD EPYC with AVX-512 VNNI (``get_cpu_capability()`` = ``AVX512``).
 """
 
 from __future__ import annotations
@@ -28,6 +33,38 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*quantize_per_tensor.*deprecate
 @pytest.fixture(scope="module")
 def torch() -> Any:
     return pytest.importorskip("torch")
+
+
+#: The torch version whose kernels these tests pin down (named in every failure message).
+TORCH_VALIDATED = "2.13"
+
+
+def _cpu_flags() -> set[str] | None:
+    """The CPU's feature flags from /proc/cpuinfo (None where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        return None
+    return None
+
+
+def _need_isa(torch: Any, isa: str) -> None:
+    """Skip unless this CPU runs torch's quantized GEMMs the way ``isa`` models (see the module docstring)."""
+    cap = str(torch.backends.cpu.get_cpu_capability())
+    flags = _cpu_flags()
+    if isa == "avx2":
+        ok = cap == "AVX2" and (flags is None or "avx_vnni" not in flags)
+        need = "torch.backends.cpu.get_cpu_capability() == 'AVX2' on a CPU without AVX-VNNI"
+    else:
+        ok = cap == "AVX512" and (flags is None or "avx512_vnni" in flags)
+        need = "torch.backends.cpu.get_cpu_capability() == 'AVX512' on a CPU with AVX-512 VNNI"
+    if not ok:
+        vnni = "" if flags is None else f", VNNI flags {sorted(f for f in flags if 'vnni' in f)}"
+        pytest.skip(f"validates torch {TORCH_VALIDATED}'s {isa} kernels: needs {need}; "
+                    f"this machine: {cap}{vnni}, torch {torch.__version__}")
 
 
 def _engines() -> list[str]:
@@ -137,7 +174,108 @@ def test_int_matmul_overflow_is_an_error() -> None:
         QI.int_matmul(qx, 0, qw, 0)
 
 
+def _pair_ref(qx: np.ndarray, zx: int, qw: np.ndarray, zw: np.ndarray) -> np.ndarray:
+    """vpmaddubsw's sum by brute force: raw products of adjacent pairs (k = 2j, 2j + 1) clipped to int16,
+    widened and summed, minus the zero points' exact offsets."""
+    k = qw.shape[1]
+    a = np.concatenate([qx.astype(np.int64), np.zeros(qx.shape[:-1] + (k % 2,), np.int64)], axis=-1)
+    w = np.concatenate([qw.astype(np.int64), np.zeros((qw.shape[0], k % 2), np.int64)], axis=1)
+    raw = np.zeros(qx.shape[:-1] + (qw.shape[0],), np.int64)
+    for j in range(0, a.shape[-1], 2):
+        p = a[..., j, None] * w[:, j] + a[..., j + 1, None] * w[:, j + 1]
+        raw += np.clip(p, -32768, 32767)
+    zw = np.broadcast_to(zw, (qw.shape[0],))
+    return raw - zx * qw.astype(np.int64).sum(1) - qx.astype(np.int64).sum(-1)[..., None] * zw + k * zx * zw
+
+
+def test_int_matmul_pair_saturation_on_avx2() -> None:
+    """fbgemm/x86/onednn on avx2 saturate each pair of u8 x s8 products to int16; avx512 (VNNI) and qnnpack
+    sum exactly. Checked against a brute-force pair loop, big weights, odd K, per-channel zero points."""
+    qx, qw = np.uint8([[255, 255, 3]]), np.int8([[127, 127, 1], [-128, -128, 0], [127, -128, 0]])
+    assert QI.int_matmul(qx, 0, qw, 0, engine="fbgemm", isa="avx2").tolist() == [[32767 + 3, -32768, -255]]
+    assert QI.int_matmul(qx, 0, qw, 0, engine="onednn", isa=" AVX2 ").tolist() == [[32767 + 3, -32768, -255]]
+    for eng, isa in (("fbgemm", "avx512"), ("qnnpack", "avx2"), (None, "avx2")):
+        assert QI.int_matmul(qx, 0, qw, 0, engine=eng, isa=isa).tolist() == [[64773, -65280, -255]]
+    rng = np.random.default_rng(5)
+    for k in (1, 2, 7, 64, 67):
+        qx = rng.integers(0, 256, (2, 3, k)).astype(np.uint8)
+        qx[0, 0] = 255
+        qw = rng.integers(-128, 128, (9, k)).astype(np.int8)
+        zw = rng.integers(-5, 6, 9)
+        exact = QI.int_matmul(qx, 7, qw, zw)
+        for eng in ("fbgemm", "x86", "onednn"):
+            got = QI.int_matmul(qx, 7, qw, zw, engine=eng, isa="avx2")
+            assert got.dtype == np.int32 and np.array_equal(got, _pair_ref(qx, 7, qw, zw))
+        assert np.array_equal(QI.int_matmul(qx, 7, qw, zw, engine="fbgemm", isa="avx512"), exact)
+        assert np.array_equal(QI.int_matmul(qx, 7, qw, zw, engine="qnnpack", isa="avx2"), exact)
+        if k >= 64:
+            assert not np.array_equal(_pair_ref(qx, 7, qw, zw), exact)      # the case does saturate
+    small = rng.integers(-60, 61, (5, 40)).astype(np.int8)                   # no pair can leave int16
+    qx = rng.integers(0, 256, (4, 40)).astype(np.uint8)
+    assert np.array_equal(QI.int_matmul(qx, 3, small, 0, engine="x86", isa="avx2"), QI.int_matmul(qx, 3, small, 0))
+
+
+def test_default_isa_follows_an_imported_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    def fake(cap: Any) -> types.ModuleType:
+        mod = types.ModuleType("torch")
+        def get() -> Any:
+            if isinstance(cap, Exception):
+                raise cap
+            return cap
+
+        setattr(mod, "backends", types.SimpleNamespace(cpu=types.SimpleNamespace(get_cpu_capability=get)))
+        return mod
+
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    assert QI.default_isa() == "avx512"                                     # no torch: the documented default
+    for cap, want in (("AVX2", "avx2"), ("AVX512", "avx512"), ("DEFAULT", "avx512"), ("NO AVX", "avx512"),
+                      (RuntimeError("no"), "avx512")):
+        monkeypatch.setitem(sys.modules, "torch", fake(cap))
+        assert QI.default_isa() == want, cap
+    qx, qw = np.uint8([[255, 255]]), np.int8([[127, 127]])
+    monkeypatch.setitem(sys.modules, "torch", fake("AVX2"))
+    assert QI.int_matmul(qx, 0, qw, 0, engine="fbgemm").tolist() == [[32767]]
+    assert QI.quantized_linear(qx, 1 / 16, 0, qw, 1 / 32, 0, None, 1.0, 128).tolist() == [[192]]
+    monkeypatch.setitem(sys.modules, "torch", fake("AVX512"))
+    assert QI.int_matmul(qx, 0, qw, 0, engine="fbgemm").tolist() == [[64770]]
+    assert QI.quantized_linear(qx, 1 / 16, 0, qw, 1 / 32, 0, None, 1.0, 128).tolist() == [[255]]
+
+
+def test_default_isa_matches_torch(torch: Any) -> None:
+    cap = str(torch.backends.cpu.get_cpu_capability()).lower()
+    assert QI.default_isa() == (cap if cap in QI.ISAS else "avx512")
+
+
 # ------------------------------------------------------------------ quantized Linear vs torch
+
+
+@pytest.mark.parametrize("engine", _engines())
+@pytest.mark.parametrize("isa", QI.ISAS)
+def test_pair_saturation_matches_torch(torch: Any, isa: str, engine: str) -> None:
+    """Pairs of products past int16 (255 * 127 * 2): power-of-two scales make the output show the
+    accumulator (m = 2**-9), so the saturated 32767 and the exact 64770 land on different codes."""
+    _need_isa(torch, isa)
+    qx = np.uint8([[255, 255, 255, 255], [255, 0, 255, 9], [200, 200, 0, 0], [255, 255, 0, 0]])
+    qw = np.int8([[127, 127, 0, 0], [-128, -128, 0, 0], [127, -128, 127, 1], [100, 100, 100, 100], [2, 3, 4, 5]])
+    with _engine(torch, engine):
+        qx_t = torch._make_per_tensor_quantized_tensor(torch.from_numpy(qx), 1 / 16, 0)
+        qw_t = torch._make_per_tensor_quantized_tensor(torch.from_numpy(qw), 1 / 32, 0)
+        for relu in (False, True):
+            mod = (torch.ao.nn.intrinsic.quantized.LinearReLU if relu else torch.ao.nn.quantized.Linear)(4, 5)
+            mod.set_weight_bias(qw_t, None)
+            mod.scale, mod.zero_point = 1.0, 128
+            want = mod(qx_t).int_repr().numpy()
+            got = QI.quantized_linear(qx, 1 / 16, 0, qw, 1 / 32, 0, None, 1.0, 128, engine=engine, relu=relu, isa=isa)
+            assert np.array_equal(got, want), (f"torch {torch.__version__} (model: {TORCH_VALIDATED}) {engine} on "
+                                               f"{isa}: {got.tolist()} != {want.tolist()}")
+    other = "avx512" if isa == "avx2" else "avx2"
+    ours = QI.quantized_linear(qx, 1 / 16, 0, qw, 1 / 32, 0, None, 1.0, 128, engine=engine, isa=isa)
+    theirs = QI.quantized_linear(qx, 1 / 16, 0, qw, 1 / 32, 0, None, 1.0, 128, engine=engine, isa=other)
+    assert np.array_equal(ours, theirs) == (engine == "qnnpack")           # only the GEMM depends on the ISA
+
 
 
 def _case(rng: np.random.Generator, *, per_channel: bool, bias: bool, pow2: bool, wzp: bool,
@@ -175,13 +313,15 @@ def _torch_q(torch: Any, c: dict[str, Any]) -> tuple[Any, Any]:
     return qx, qw
 
 
-def _fpsim_linear(c: dict[str, Any], qx: np.ndarray, qw: np.ndarray, engine: str, relu: bool) -> np.ndarray:
+def _fpsim_linear(c: dict[str, Any], qx: np.ndarray, qw: np.ndarray, engine: str, relu: bool,
+                  isa: str) -> np.ndarray:
     ws = c["ws"] if c["per_channel"] else c["ws"][0]
     wz = c["wz"] if c["per_channel"] else int(c["wz"][0])
-    return QI.quantized_linear(qx, c["xs"], c["xz"], qw, ws, wz, c["b"], c["ys"], c["yz"], engine=engine, relu=relu)
+    return QI.quantized_linear(qx, c["xs"], c["xz"], qw, ws, wz, c["b"], c["ys"], c["yz"], engine=engine, relu=relu,
+                               isa=isa)
 
 
-def _run_engine(torch: Any, engine: str, n_cases: int, seed: int) -> tuple[int, int, int, int]:
+def _run_engine(torch: Any, engine: str, n_cases: int, seed: int, isa: str) -> tuple[int, int, int, int]:
     """(cases, mismatching codes, codes, saturated codes) over random problems for ``engine``."""
     rng = np.random.default_rng(seed)
     cases = mism = total = sat = 0
@@ -198,7 +338,7 @@ def _run_engine(torch: Any, engine: str, n_cases: int, seed: int) -> tuple[int, 
             want = mod(qx_t).int_repr().numpy()
             qx = QI.quantize_per_tensor(c["x"], c["xs"], c["xz"])
             assert np.array_equal(qx, qx_t.int_repr().numpy())
-            got = _fpsim_linear(c, qx, qw_t.int_repr().numpy(), engine, relu)
+            got = _fpsim_linear(c, qx, qw_t.int_repr().numpy(), engine, relu, isa)
             cases += 1
             mism += int(np.count_nonzero(got != want))
             total += want.size
@@ -207,22 +347,30 @@ def _run_engine(torch: Any, engine: str, n_cases: int, seed: int) -> tuple[int, 
 
 
 @pytest.mark.parametrize("engine", _engines())
-def test_quantized_linear_matches_torch(torch: Any, engine: str) -> None:
-    cases, mism, total, sat = _run_engine(torch, engine, 48, seed=10)
+@pytest.mark.parametrize("isa", QI.ISAS)
+def test_quantized_linear_matches_torch(torch: Any, isa: str, engine: str) -> None:
+    _need_isa(torch, isa)
+    cases, mism, total, sat = _run_engine(torch, engine, 48, seed=10, isa=isa)
     assert cases == 48 and sat > 0
-    assert mism == 0, f"{engine}: {mism} of {total} output codes differ over {cases} cases"
+    assert mism == 0, (f"torch {torch.__version__} (model: {TORCH_VALIDATED}) {engine} on {isa}: "
+                       f"{mism} of {total} output codes differ over {cases} cases")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", _engines())
-def test_quantized_linear_matches_torch_many(torch: Any, engine: str) -> None:
-    cases, mism, total, sat = _run_engine(torch, engine, 400, seed=11)
-    assert mism == 0, f"{engine}: {mism} of {total} output codes differ over {cases} cases"
+@pytest.mark.parametrize("isa", QI.ISAS)
+def test_quantized_linear_matches_torch_many(torch: Any, isa: str, engine: str) -> None:
+    _need_isa(torch, isa)
+    cases, mism, total, sat = _run_engine(torch, engine, 400, seed=11, isa=isa)
+    assert mism == 0, (f"torch {torch.__version__} (model: {TORCH_VALIDATED}) {engine} on {isa}: "
+                       f"{mism} of {total} output codes differ over {cases} cases")
 
 
 @pytest.mark.parametrize("engine", _engines())
-def test_packed_op_and_batched_input(torch: Any, engine: str) -> None:
+@pytest.mark.parametrize("isa", QI.ISAS)
+def test_packed_op_and_batched_input(torch: Any, isa: str, engine: str) -> None:
     """``torch.ops.quantized.linear`` on ``linear_prepack`` params, a 3-D input, ReLU op."""
+    _need_isa(torch, isa)
     rng = np.random.default_rng(12)
     c = _case(rng, per_channel=True, bias=True, pow2=False, wzp=False, m=1, k=33, n=17)
     x = (rng.standard_normal((2, 5, 33)) * 2).astype(F)
@@ -234,7 +382,7 @@ def test_packed_op_and_batched_input(torch: Any, engine: str) -> None:
             # not on the post-op) would run linear_relu as the linear primitive built first
             packed = torch.ops.quantized.linear_prepack(qw_t, torch.from_numpy(c["b"]))
             want = op(qx_t, packed, float(c["ys"]), c["yz"]).int_repr().numpy()
-            got = _fpsim_linear(c, qx_t.int_repr().numpy(), qw_t.int_repr().numpy(), engine, relu)
+            got = _fpsim_linear(c, qx_t.int_repr().numpy(), qw_t.int_repr().numpy(), engine, relu, isa)
             assert got.shape == want.shape == (2, 5, 17)
             assert np.array_equal(got, want)
 
@@ -248,6 +396,17 @@ def test_requantize_saturates_and_relu() -> None:
 def test_bad_input() -> None:
     with pytest.raises(ValueError, match="fbgemm"):
         QI.requantize(np.int32([[1]]), 0.1, 0.1, 1.0, 0, engine="tensorrt")
+    with pytest.raises(ValueError, match="unknown isa 'avx1024'; valid: avx2, avx512"):
+        QI.quantized_linear(np.uint8([[1]]), 0.1, 0, np.int8([[1]]), 0.1, 0, None, 1.0, 0, isa="avx1024")
+    with pytest.raises(TypeError, match="isa"):
+        QI.int_matmul(np.uint8([[1]]), 0, np.int8([[1]]), 0, engine="fbgemm", isa=2)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="engine"):
+        QI.int_matmul(np.uint8([[1]]), 0, np.int8([[1]]), 0, engine="tensorrt")
+    with pytest.raises(ValueError, match=r"qx must hold values in \[0, 255\]"):
+        QI.int_matmul(np.int16([[300]]), 0, np.int8([[1]]), 0, engine="onednn", isa="avx2")
+    with pytest.raises(ValueError, match=r"qw must hold values in \[-128, 127\]"):
+        QI.int_matmul(np.uint8([[3]]), 0, np.int16([[200]]), 0, engine="x86", isa="avx2")
+
     with pytest.raises(ValueError, match="quint8"):
         QI.quantize_per_tensor([1.0], 0.1, 0, "uint4")
     with pytest.raises(TypeError, match="integer"):
@@ -317,14 +476,19 @@ def test_integer_runtime_refuses_float_policies() -> None:
         QI.IntegerRuntime(get_policy("int4-qat").runtime())
     with pytest.raises(TypeError):
         QI.IntegerRuntime("int8-qat")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown isa 'sse'"):
+        QI.IntegerRuntime(get_policy("int8-qat").runtime(), isa="sse")
+    assert QI.IntegerRuntime(get_policy("int8-qat").runtime(), isa="AVX2").isa == "avx2"
 
 
-def test_onednn_shared_packed_weight_drops_the_relu(torch: Any) -> None:
+@pytest.mark.parametrize("isa", QI.ISAS)
+def test_onednn_shared_packed_weight_drops_the_relu(torch: Any, isa: str) -> None:
     """A torch 2.13 quirk worth knowing (not modelled): with the onednn engine, ``linear`` then
     ``linear_relu`` on the *same* packed weight and the same output qparams reuses the cached
     ``linear`` primitive, so the ReLU is silently dropped. fpsim follows a fresh packed weight."""
     if "onednn" not in _engines():
         pytest.skip("onednn engine not built into this torch")
+    _need_isa(torch, isa)
     rng = np.random.default_rng(13)
     c = _case(rng, per_channel=True, bias=True, pow2=False, wzp=False, m=6, k=33, n=17)
     c["yz"] = 40
@@ -333,7 +497,7 @@ def test_onednn_shared_packed_weight_drops_the_relu(torch: Any) -> None:
         packed = torch.ops.quantized.linear_prepack(qw_t, torch.from_numpy(c["b"]))
         plain = torch.ops.quantized.linear(qx_t, packed, float(c["ys"]), c["yz"]).int_repr().numpy()
         shared = torch.ops.quantized.linear_relu(qx_t, packed, float(c["ys"]), c["yz"]).int_repr().numpy()
-    ours = _fpsim_linear(c, qx_t.int_repr().numpy(), qw_t.int_repr().numpy(), "onednn", True)
+    ours = _fpsim_linear(c, qx_t.int_repr().numpy(), qw_t.int_repr().numpy(), "onednn", True, isa)
     assert plain.min() < c["yz"]
     assert np.array_equal(shared, plain)                       # the ReLU was dropped
     assert np.array_equal(ours, np.maximum(plain, c["yz"]))    # what a fresh packed weight gives
