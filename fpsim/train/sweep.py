@@ -337,7 +337,8 @@ def run_sweep(cells: Sequence[Cell], *, workers: int | None = None, scheduler: s
             for c in todo:
                 record(c, fn(c))
         else:
-            _run_on_dask(todo, fn, record, workers=n_workers, scheduler=scheduler, retries=retries, say=say)
+            _run_on_dask(todo, fn, record, workers=n_workers, scheduler=scheduler, retries=retries, say=say,
+                         log=log)
     finally:
         bar.close()
     if todo:
@@ -404,14 +405,15 @@ def demo_sweep(out: str, st: DemoSettings, names: Sequence[str], *, seeds: int, 
 
 def _run_on_dask(todo: list[Cell], fn: Callable[[Cell], dict[str, Any]],
                  record: Callable[[Cell, dict[str, Any]], None], *, workers: int | None, scheduler: str | None,
-                 retries: int, say: Callable[[str], None]) -> None:
+                 retries: int, say: Callable[[str], None], log: Callable[[str], None] | None = None) -> None:
     from distributed import as_completed
 
     from .._dask import dask_client
 
     n = None if scheduler else min(workers or (os.cpu_count() or 1), len(todo))
     token = secrets.token_hex(4)  # keys unique to this sweep: a shared scheduler may hold others' tasks
-    with dask_client(workers=n, scheduler=scheduler) as client:
+    # log None: dask_client says on stderr that it waits for a worker (a scheduler with none is never silent)
+    with dask_client(workers=n, scheduler=scheduler, log=log) as client:
         pending: dict[Any, tuple[Cell, int]] = {}
 
         def submit(c: Cell, attempt: int) -> Any:
