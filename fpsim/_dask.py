@@ -146,10 +146,10 @@ def _probe_scheduler(addr: str, timeout: float, connection_args: dict[str, Any])
     import asyncio
     import threading
 
-    from distributed.comm import connect
+    from distributed.comm.core import connect
 
     async def exchange() -> Any:
-        comm = await connect(addr, timeout=timeout, **connection_args)
+        comm = await connect(addr, timeout=timeout, **connection_args)  # type: ignore[no-untyped-call]
         try:
             await comm.write({"op": "identity", "reply": True})
             return await comm.read()

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from decimal import Decimal
 from fractions import Fraction
+from typing import Any
 
 import gmpy2
 import numpy as np
@@ -637,7 +638,7 @@ def test_cli_out_of_range_numbers_are_one_line(argv: list[str], flag: str, monke
     assert err.startswith(f"fpsim {argv[0]}: error: {flag}: expected"), err
 
 
-def test_cli_audit_workers_beyond_the_bound_start_no_cluster(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_cli_audit_workers_beyond_the_bound_start_no_cluster(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     distributed = pytest.importorskip("distributed")
     st = pytest.importorskip("safetensors.numpy")
     p = str(tmp_path / "m.safetensors")
@@ -678,8 +679,10 @@ def test_cli_plan_json_is_strict_json_even_for_an_infinite_time() -> None:
                             "1e-300", "--json"])
     assert rc == 0, err
     res = _strict_json(out)
-    assert isinstance(res, dict) and res["compute"]["seconds"]["bf16"] == "inf" and res["compute"]["days"]["bf16"] == "inf"
-    rc, out, _ = run_cli(["plan", "--model", "llama3-8b", "--budget", "1e30", "--device", "h100-sxm", "--mfu", "1e-300"])
+    assert isinstance(res, dict)
+    assert res["compute"]["seconds"]["bf16"] == "inf" and res["compute"]["days"]["bf16"] == "inf"
+    rc, out, _ = run_cli(["plan", "--model", "llama3-8b", "--budget", "1e30", "--device", "h100-sxm",
+                          "--mfu", "1e-300"])
     assert rc == 0 and "inf days" in out
 
 
@@ -705,7 +708,7 @@ def test_json_safe_of_non_finite_values() -> None:
     assert v["a"] == math.inf  # the input is not modified
 
 
-def test_cli_failed_sweep_is_one_line_exit_1(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_cli_failed_sweep_is_one_line_exit_1(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     import fpsim.train.demo as demo
     import fpsim.train.sweep as sw
 
@@ -721,7 +724,7 @@ def test_cli_failed_sweep_is_one_line_exit_1(tmp_path, monkeypatch) -> None:  # 
     assert err.startswith("fpsim demo: error: 1 cell(s) failed after 2 resubmissions"), err
 
 
-def test_cli_unexpected_errors_keep_their_traceback_and_ask_for_a_report(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_cli_unexpected_errors_keep_their_traceback_and_ask_for_a_report(monkeypatch: pytest.MonkeyPatch) -> None:
     import fpsim.train.demo as demo
 
     def bug(*a, **k):  # type: ignore[no-untyped-def]
@@ -774,7 +777,7 @@ class _FlushLog:
         return False
 
 
-def test_cli_demo_flushes_its_lines_before_the_sweep_trains(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_cli_demo_flushes_its_lines_before_the_sweep_trains(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     import fpsim.train.demo as demo
     import fpsim.train.sweep as sw
     from fpsim.cli import main
@@ -795,7 +798,8 @@ def test_cli_demo_flushes_its_lines_before_the_sweep_trains(tmp_path, monkeypatc
     assert "fpsim demo: task" in seen[0] and "sweep: 1 policies x 2 seeds = 2 cells serially" in seen[0], seen
 
 
-def test_cli_demo_sweep_says_each_cell_when_not_on_a_terminal(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_cli_demo_sweep_says_each_cell_when_not_on_a_terminal(tmp_path: Any,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     import fpsim.train.demo as demo
     import fpsim.train.report as report
 
