@@ -306,8 +306,8 @@ def main(argv: list[str] | None = None) -> int:
 
     Bad values (``ValueError``/``TypeError``, named by their flag): status 2, as argparse's usage errors.
     Failures the user acts on (``OSError``: missing, unwritable or full paths, unreachable schedulers;
-    :class:`~fpsim._cliargs.CommandError`: e.g. sweep cells that failed on every try; ``MemoryError``):
-    status 1. Ctrl-C: 130. A reader that left (``fpsim formats | head -1``): status 0 and nothing more.
+    :class:`~fpsim._cliargs.CommandError`: e.g. sweep cells that failed on every try; ``MemoryError``;
+    Dask's ``KilledWorker``): status 1. Ctrl-C: 130. A reader that left (``fpsim formats | head -1``): status 0 and nothing more.
     Anything else is a bug in fpsim: its traceback is kept (hiding it would hide the bug) and followed by
     one line asking for a report, status 1.
     """
@@ -335,10 +335,21 @@ def main(argv: list[str] | None = None) -> int:
         _say_error(f"{name}: error: out of memory")
         return 1
     except Exception as e:  # noqa: BLE001 - a bug: shown whole, with where to report it
+        if _machine_failure(e):
+            _say_error(f"{name}: error: {_one_line(e)}")
+            return 1
         traceback.print_exc(file=sys.stderr)
         _say_error(f"{name}: internal error ({type(e).__name__}): this is a bug in fpsim; please report it with "
                    "the command line and the traceback above")
         return 1
+
+
+def _machine_failure(e: BaseException) -> bool:
+    """A failure of the machines rather than of fpsim: a Dask task whose workers kept dying (``KilledWorker``,
+    e.g. out of memory in ``fpsim audit --scheduler``). distributed is looked at only if something imported it."""
+    dist = sys.modules.get("distributed")
+    killed = getattr(dist, "KilledWorker", None)
+    return isinstance(killed, type) and isinstance(e, killed)
 
 
 def _quiet_stdout() -> None:

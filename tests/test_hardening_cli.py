@@ -724,14 +724,15 @@ def test_cli_failed_sweep_is_one_line_exit_1(tmp_path: Any, monkeypatch: pytest.
     assert err.startswith("fpsim demo: error: 1 cell(s) failed after 2 resubmissions"), err
 
 
-def test_cli_unexpected_errors_keep_their_traceback_and_ask_for_a_report(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_unexpected_errors_keep_their_traceback_and_ask_for_a_report(tmp_path: Any,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     import fpsim.train.demo as demo
 
     def bug(*a, **k):  # type: ignore[no-untyped-def]
         raise ZeroDivisionError("a bug")
 
     monkeypatch.setattr(demo, "run_demo", bug)
-    rc, out, err = run_cli(["demo", "--steps", "1"])
+    rc, out, err = run_cli(["demo", "--steps", "1", "--out", str(tmp_path / "d")])
     assert rc == 1 and out == ""
     assert "Traceback" in err and "ZeroDivisionError: a bug" in err, err
     assert err.splitlines()[-1] == ("fpsim demo: internal error (ZeroDivisionError): this is a bug in fpsim; please "
@@ -741,8 +742,24 @@ def test_cli_unexpected_errors_keep_their_traceback_and_ask_for_a_report(monkeyp
         raise MemoryError
 
     monkeypatch.setattr(demo, "run_demo", oom)
-    rc, out, err = run_cli(["demo", "--steps", "1"])
+    rc, out, err = run_cli(["demo", "--steps", "1", "--out", str(tmp_path / "d")])
     assert (rc, out, err) == (1, "", "fpsim demo: error: out of memory\n")
+
+
+def test_cli_dask_killed_worker_is_one_line(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An audit task whose workers all died (out of memory on a cluster): the machines' failure, not a bug."""
+    distributed = pytest.importorskip("distributed")
+    import types
+
+    import fpsim.train.demo as demo
+
+    def killed(*a, **k):  # type: ignore[no-untyped-def]
+        raise distributed.KilledWorker("fpsim-audit-x-0", types.SimpleNamespace(address="tcp://10.0.0.9:1234"), 3)
+
+    monkeypatch.setattr(demo, "run_demo", killed)
+    rc, out, err = run_cli(["demo", "--steps", "1", "--out", str(tmp_path / "d")])
+    assert rc == 1 and out == "" and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("fpsim demo: error: Attempted to run task 'fpsim-audit-x-0' on 4 different workers"), err
 
 
 @pytest.mark.parametrize("argv", [["formats"], ["devices"], ["devices", "--json"], ["round", "1", "--json"],
