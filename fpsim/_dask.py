@@ -203,6 +203,56 @@ def _wait_for_workers(client: Any, addr: str, limit: float, say: Callable[[str],
                            f"{WORKER_TIMEOUT_ENV})") from None
 
 
+class _WorkerWatch:
+    """Watches, from a thread, that a scheduler keeps a worker while the client is in use.
+
+    Tasks on a scheduler whose workers have all gone wait for ever, and so does whoever waits on them
+    (``as_completed``). After one line through ``say``, and ``limit`` seconds without a worker, the client's
+    tasks are cancelled, so that the waiting ends (with distributed's ``CancelledError``, which
+    :func:`dask_client` turns into a ``TimeoutError`` saying why).
+    """
+
+    def __init__(self, client: Any, addr: str, limit: float, say: Callable[[str], None]) -> None:
+        import threading
+
+        self.client, self.addr, self.limit, self.say = client, addr, limit, say
+        self.fired: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fpsim-dask-workers", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import time
+
+        gone_since: float | None = None
+        while not self._stop.wait(min(1.0, self.limit / 4)):
+            try:
+                n = len(self.client.nthreads())
+            except Exception:  # noqa: BLE001 - the client is closing, or the scheduler went: not ours to report
+                return
+            if n:
+                gone_since = None
+            elif gone_since is None:
+                gone_since = time.monotonic()
+                self.say(f"the Dask scheduler at {self.addr} has no workers left; waiting up to {self.limit:g} s "
+                         f"for one (the limit: environment variable {WORKER_TIMEOUT_ENV})")
+            elif time.monotonic() - gone_since >= self.limit:
+                self.fired = (f"the Dask scheduler at {self.addr} has had no workers for {self.limit:g} s; its tasks "
+                              f"were cancelled; start a worker with `dask worker {self.addr}` (or raise the limit: "
+                              f"environment variable {WORKER_TIMEOUT_ENV})")
+                try:
+                    from distributed import Future
+
+                    self.client.cancel([Future(k, self.client) for k in list(self.client.futures)])
+                except Exception:  # noqa: BLE001 - the client closed meanwhile: nothing left to end
+                    pass
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5.0)
+
+
 @contextlib.contextmanager
 def dask_client(*, workers: int | None = None, scheduler: str | None = None, timeout: float | None = None,
                 worker_timeout: float | None = None, log: Callable[[str], None] | None = None) -> Iterator[Any]:
@@ -219,7 +269,9 @@ def dask_client(*, workers: int | None = None, scheduler: str | None = None, tim
       address (also a port that accepts the connection and then says nothing);
     * a scheduler without workers is waited on for ``worker_timeout`` seconds (default: environment variable
       ``FPSIM_DASK_WORKER_TIMEOUT``, else 60), after one line through ``log`` (default: stderr) saying so;
-      then ``TimeoutError`` saying how to start a worker.
+      then ``TimeoutError`` saying how to start a worker;
+    * so is one whose workers all leave while the client is in use: then its tasks are cancelled (whatever
+      waits on them ends) and the ``with`` block's error becomes that ``TimeoutError``.
     """
     distributed = require_distributed()
     if scheduler is not None:
@@ -238,10 +290,18 @@ def dask_client(*, workers: int | None = None, scheduler: str | None = None, tim
             client = distributed.Client(addr, timeout=limit, set_as_default=False)
         except (OSError, TimeoutError) as e:
             raise _connect_error(addr, limit, " ".join(str(e).split()) or type(e).__name__) from None
+        watch = None
         try:
             _wait_for_workers(client, addr, wlimit, log or _stderr_line)
+            watch = _WorkerWatch(client, addr, wlimit, log or _stderr_line)
             yield client
+        except BaseException:
+            if watch is not None and watch.fired is not None:  # the waiting ended by cancelling: say why
+                raise TimeoutError(watch.fired) from None
+            raise
         finally:
+            if watch is not None:
+                watch.stop()
             client.close()
         return
     n = check_workers(workers if workers is not None else min(os.cpu_count() or 1, MAX_WORKERS))

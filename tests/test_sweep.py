@@ -562,3 +562,56 @@ def test_bad_dask_limits_name_the_variable(value: str, empty_scheduler: str, mon
     with pytest.raises(ValueError, match="worker_timeout must be a number of seconds > 0"):
         with dask_client(scheduler=empty_scheduler, worker_timeout=float(value) if value != "x" else 0.0):
             pass
+
+
+def test_workers_leaving_mid_run_end_the_wait_with_a_clear_error() -> None:
+    distributed = pytest.importorskip("distributed")
+    import time
+
+    from fpsim._dask import dask_client
+
+    said: list[str] = []
+    with distributed.LocalCluster(n_workers=1, processes=False, protocol="tcp", dashboard_address=None,
+                                  scheduler_kwargs={"dashboard_address": ":0"}, silence_logs=logging.ERROR) as lc:
+        def run() -> None:
+            with dask_client(scheduler=lc.scheduler_address, worker_timeout=1, log=said.append) as c:
+                f = c.submit(time.sleep, 2, pure=False)
+                time.sleep(0.3)
+                lc.scale(0)  # the only worker leaves; the task would wait for a worker for ever
+                f.result()
+
+        e = _within(40, run)
+    assert isinstance(e, TimeoutError), e
+    assert "has had no workers for 1 s; its tasks were cancelled" in str(e)
+    assert any("has no workers left; waiting up to 1 s" in s for s in said), said
+
+
+def _slow_cell(cell: Cell) -> dict[str, Any]:
+    import time
+
+    time.sleep(2)
+    return run_cell(cell)
+
+
+def test_a_sweep_whose_workers_leave_ends_with_a_clear_error(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    distributed = pytest.importorskip("distributed")
+    import threading
+    import time
+
+    cells = grid(["fp32"], seeds=2, settings={"tiny": TINY})
+    with distributed.LocalCluster(n_workers=1, processes=False, protocol="tcp", dashboard_address=None,
+                                  scheduler_kwargs={"dashboard_address": ":0"}, silence_logs=logging.ERROR) as lc:
+        def leave() -> None:  # the only worker leaves once the cells are submitted
+            t0 = time.monotonic()
+            while not lc.scheduler.tasks and time.monotonic() - t0 < 20:
+                time.sleep(0.05)
+            time.sleep(0.3)
+            lc.scale(0)
+
+        threading.Thread(target=leave, daemon=True).start()
+        said: list[str] = []
+        monkeypatch.setenv("FPSIM_DASK_WORKER_TIMEOUT", "1")
+        e = _within(60, lambda: run_sweep(cells, scheduler=lc.scheduler_address, run=_slow_cell, out=str(tmp_path),
+                                          log=said.append))
+    assert isinstance(e, TimeoutError) and "has had no workers for 1 s" in str(e), e
+    assert any("no workers left" in s for s in said), said

@@ -435,6 +435,10 @@ def _run_on_dask(todo: list[Cell], fn: Callable[[Cell], dict[str, Any]],
             cell, attempt = pending.pop(fut)
             if fut.status == "finished":
                 record(cell, fut.result())
+            elif fut.status == "cancelled":  # by dask_client when the scheduler's workers are gone, or by someone
+                # else on a shared scheduler: resubmitting would wait for ever, or against their will
+                raise SweepError(f"cell {cell.id}: its task was cancelled on the scheduler (the finished cells are "
+                                 "kept; run the sweep again with the same out= to resume)")
             else:  # raised on every Dask retry, or its workers kept dying (KilledWorker)
                 exc = fut.exception()
                 err = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
