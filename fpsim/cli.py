@@ -307,9 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     Bad values (``ValueError``/``TypeError``, named by their flag): status 2, as argparse's usage errors.
     Failures the user acts on (``OSError``: missing, unwritable or full paths, unreachable schedulers;
     :class:`~fpsim._cliargs.CommandError`: e.g. sweep cells that failed on every try; ``MemoryError``;
-    Dask's ``KilledWorker``): status 1. Ctrl-C: 130. A reader that left (``fpsim formats | head -1``): status 0 and nothing more.
-    Anything else is a bug in fpsim: its traceback is kept (hiding it would hide the bug) and followed by
-    one line asking for a report, status 1.
+    Dask's ``KilledWorker``): status 1. Ctrl-C: 130. A reader that left (``fpsim formats | head -1``):
+    status 0 and nothing more. Anything else is a bug in fpsim: its traceback is kept (hiding it would hide
+    the bug) and followed by one line asking for a report, status 1.
     """
     p = build_parser()
     av = list(sys.argv[1:] if argv is None else argv)
