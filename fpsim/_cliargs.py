@@ -7,9 +7,11 @@ status 2, never a traceback. Layer 0: imports nothing from fpsim.
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+import json
+import math
+from typing import Any, Callable, TypeVar
 
-__all__ = ["flag_value", "nonneg_int", "pos_int"]
+__all__ = ["CommandError", "flag_value", "int_range", "json_safe", "json_text", "nonneg_int", "pos_int"]
 
 _T = TypeVar("_T")
 _V = TypeVar("_V")
@@ -43,3 +45,58 @@ def pos_int(value: str) -> int:
     if not v.isascii() or not v.isdigit() or len(v) > 30 or int(v) < 1:
         raise ValueError(f"expected an integer >= 1, got {v!r}")
     return int(v)
+
+
+def int_range(lo: int, hi: int) -> Callable[[str], int]:
+    """A parser of decimal integers in ``lo..hi`` (a count whose excess would run for ever or fill memory).
+
+    >>> int_range(1, 1000)("99999999999999999999")
+    Traceback (most recent call last):
+    ...
+    ValueError: expected an integer from 1 to 1000, got '99999999999999999999'
+    """
+
+    def parse(value: str) -> int:
+        v = value.strip()
+        # the digit count first: int() of a 5000-digit text is slow, and refused by Python beyond 4300
+        if not v.isascii() or not v.isdigit() or len(v) > 30 or not lo <= int(v) <= hi:
+            raise ValueError(f"expected an integer from {lo} to {hi}, got {v!r}")
+        return int(v)
+
+    return parse
+
+
+class CommandError(Exception):
+    """An error a command reports as one line (``fpsim X: error: ...``, exit status 1), never a traceback.
+
+    For failures that are not a bad value (those are ``ValueError``) but an outcome the user must act on,
+    e.g. sweep cells that failed on every try (:class:`fpsim.train.sweep.SweepError`).
+    """
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every non-finite float made JSON: NaN as null, +-infinity as the strings ``"inf"``/``"-inf"``.
+
+    JSON has no NaN or infinity (Python's ``json`` writes ``NaN``/``Infinity``, which strict parsers refuse);
+    numpy scalars become Python numbers, tuples lists.
+
+    >>> json_safe({"a": float("inf"), "b": [float("nan"), 1.5]})
+    {'a': 'inf', 'b': [None, 1.5]}
+    """
+    if isinstance(obj, float):
+        if math.isfinite(obj):
+            return obj
+        return None if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    item = getattr(obj, "item", None)  # a numpy scalar (no numpy import in layer 0)
+    if item is not None and type(obj).__module__ == "numpy" and getattr(obj, "ndim", None) == 0:
+        return json_safe(item())
+    return obj
+
+
+def json_text(obj: Any, **kw: Any) -> str:
+    """Strict JSON of ``obj`` (``allow_nan=False`` after :func:`json_safe`): what every ``--json`` prints."""
+    return json.dumps(json_safe(obj), allow_nan=False, **kw)

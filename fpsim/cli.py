@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
+import traceback
 from fractions import Fraction
 from typing import Any, Callable, NoReturn
 
 import numpy as np
 
+from ._cliargs import CommandError, json_text, nonneg_int
 from ._cliargs import flag_value as _flag
-from ._cliargs import nonneg_int
 from ._exact import decimal_str, fraction_str, parse_decimal, round_rational
 
 __all__ = ["main", "round_result", "ROUND_JSON_KEYS"]
@@ -50,7 +50,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
         raise ValueError(f"give the device once: positional {args.name!r} and --device {args.device!r} differ")
     rows = preset_table(args.device if args.device is not None else args.name)
     if args.json:
-        print(json.dumps({"levels": list(LEVELS), "presets": rows}, indent=2))
+        print(json_text({"levels": list(LEVELS), "presets": rows}, indent=2))
         return 0
     cols = ["device", "arch", "inputs -> outputs", "provenance", "caveats", "source"]
     table = []
@@ -178,7 +178,7 @@ def _round(text: str, fmt: str, rounding: str, overflow: str,
 def cmd_round(args: argparse.Namespace) -> int:
     d, q, r = _round(args.value, args.format, args.rounding, args.overflow, args.seed)
     if args.json:
-        print(json.dumps(d, indent=1))
+        print(json_text(d, indent=1))
         return 0
     finite = not isinstance(q, float) or math.isfinite(q)
     extra = "  (no finite decimal expansion)" if d["value"] is None else ""
@@ -302,29 +302,69 @@ def _protect_negative(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The ``fpsim`` command. Bad values: one line on stderr naming the flag, return 2 (usage errors: exit 2)."""
+    """The ``fpsim`` command: the exit status; every failure one line on stderr, never a traceback for bad input.
+
+    Bad values (``ValueError``/``TypeError``, named by their flag): status 2, as argparse's usage errors.
+    Failures the user acts on (``OSError``: missing, unwritable or full paths, unreachable schedulers;
+    :class:`~fpsim._cliargs.CommandError`: e.g. sweep cells that failed on every try; ``MemoryError``;
+    Dask's ``KilledWorker``): status 1. Ctrl-C: 130. A reader that left (``fpsim formats | head -1``):
+    status 0 and nothing more. Anything else is a bug in fpsim: its traceback is kept (hiding it would hide
+    the bug) and followed by one line asking for a report, status 1.
+    """
     p = build_parser()
     av = list(sys.argv[1:] if argv is None else argv)
     if av and isinstance(av[0], str) and av[0].strip().lower() in _subcommands(p):
         av[0] = av[0].strip().lower()  # the one name rule for subcommands too ("ROUND", " demo")
     args = p.parse_args(_protect_negative(av))
+    name = f"fpsim {args.command}"
     try:
         return int(args.func(args))
+    except BrokenPipeError:  # `fpsim formats | head -1`: the reader left; nothing to say
+        _quiet_stdout()
+        return 0
     except (ValueError, TypeError) as e:
-        print(f"fpsim {args.command}: error: {_one_line(e)}", file=sys.stderr)
+        _say_error(f"{name}: error: {_one_line(e)}")
         return 2
     except KeyboardInterrupt:
-        print(f"fpsim {args.command}: interrupted", file=sys.stderr)
+        _say_error(f"{name}: interrupted")
         return 130
-    except BrokenPipeError:  # `fpsim formats | head -1`: the reader left; nothing to say
-        try:
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - so that the exit flush does not raise again
-        except OSError:
-            pass
-        return 0
-    except OSError as e:  # disk full, folder removed mid-run, ...: the demo kept what it had finished
-        print(f"fpsim {args.command}: error: {_one_line(e)}", file=sys.stderr)
+    except (OSError, CommandError) as e:  # disk full, folder removed mid-run, ...: the demo kept what it had finished
+        _say_error(f"{name}: error: {_one_line(e)}")
         return 1
+    except MemoryError:
+        _say_error(f"{name}: error: out of memory")
+        return 1
+    except Exception as e:  # noqa: BLE001 - a bug: shown whole, with where to report it
+        if _machine_failure(e):
+            _say_error(f"{name}: error: {_one_line(e)}")
+            return 1
+        traceback.print_exc(file=sys.stderr)
+        _say_error(f"{name}: internal error ({type(e).__name__}): this is a bug in fpsim; please report it with "
+                   "the command line and the traceback above")
+        return 1
+
+
+def _machine_failure(e: BaseException) -> bool:
+    """A failure of the machines rather than of fpsim: a Dask task whose workers kept dying (``KilledWorker``,
+    e.g. out of memory in ``fpsim audit --scheduler``). distributed is looked at only if something imported it."""
+    dist = sys.modules.get("distributed")
+    killed = getattr(dist, "KilledWorker", None)
+    return isinstance(killed, type) and isinstance(e, killed)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at the null device, so that the flush at exit does not raise BrokenPipeError again."""
+    try:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives until exit
+    except OSError:
+        pass
+
+
+def _say_error(line: str) -> None:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # stderr closed too: the exit status is all that is left
+        pass
 
 
 def _one_line(e: BaseException) -> str:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from decimal import Decimal
 from fractions import Fraction
+from typing import Any
 
 import gmpy2
 import numpy as np
@@ -607,3 +608,221 @@ def test_cli_demo_interrupt_and_io_error_are_one_line(tmp_path, monkeypatch) -> 
         monkeypatch.setattr(demo, "run_demo", fake)
         rc, out, err = run_cli(["demo", "--steps", "1", "--out", str(tmp_path / "d")])
         assert rc == status and err.count("\n") == 1 and words in err and "Traceback" not in err, err
+
+
+# ------------------------------------------------------------------------------------------------------
+# hostile arguments to every subcommand: one clean line and a nonzero status, never a traceback
+# ------------------------------------------------------------------------------------------------------
+
+BIG = "99999999999999999999"
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["demo", "--seeds", BIG], "--seeds"), (["demo", "--seeds", "18446744073709551616"], "--seeds"),
+    (["demo", "--seeds", "10001"], "--seeds"), (["demo", "--steps", BIG], "--steps"),
+    (["demo", "--steps", "10000001"], "--steps"), (["demo", "--workers", BIG], "--workers"),
+    (["demo", "--workers", "513"], "--workers"),
+    (["plan", "--params", "1e308"], "--params"), (["plan", "--params", "1e31", "--json"], "--params"),
+    (["plan", "--budget", "5e-324"], "--budget"), (["plan", "--budget", "0.5", "--json"], "--budget"),
+    (["plan", "--budget", "1e308", "--device", "h100-sxm"], "--budget"),
+    (["plan", "--model", "llama3-8b", "--tokens", "1e-320"], "--tokens"),
+    (["probe", "--random-rows", BIG], "--random-rows"), (["probe", "--device", BIG], "--device"),
+])
+def test_cli_out_of_range_numbers_are_one_line(argv: list[str], flag: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fpsim.train.demo as demo
+
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    monkeypatch.setattr(demo, "run_demo", lambda *a, **k: pytest.fail("trained despite a bad flag"))
+    rc, out, err = run_cli(argv)
+    assert rc == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"fpsim {argv[0]}: error: {flag}: expected"), err
+
+
+def test_cli_audit_workers_beyond_the_bound_start_no_cluster(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    distributed = pytest.importorskip("distributed")
+    st = pytest.importorskip("safetensors.numpy")
+    p = str(tmp_path / "m.safetensors")
+    st.save_file({"w": np.random.default_rng(0).standard_normal(8).astype(np.float32)}, p)
+    monkeypatch.setattr(distributed, "LocalCluster", lambda *a, **k: pytest.fail("started a cluster"))
+    for n in (BIG, "513"):
+        rc, out, err = run_cli(["audit", p, "--workers", n])
+        assert rc == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err, err
+        assert err.startswith("fpsim audit: error: workers must be an integer >= 1 and <= 512"), err
+    from fpsim._dask import MAX_WORKERS, check_workers
+
+    assert check_workers(MAX_WORKERS) == MAX_WORKERS
+    for bad in (MAX_WORKERS + 1, 10**20):
+        with pytest.raises(ValueError, match="<= 512"):
+            check_workers(bad)
+
+
+def test_cli_sweep_and_grid_refuse_huge_seed_counts() -> None:
+    from fpsim.train.sweep import MAX_SEEDS, demo_sweep, grid
+
+    assert len(grid(["fp32"], seeds=3)) == 3
+    for n in (MAX_SEEDS + 1, 10**20):
+        with pytest.raises(ValueError, match=f"seeds must be >= 1 and <= {MAX_SEEDS}"):
+            grid(["fp32"], seeds=n)
+        with pytest.raises(ValueError, match=f"<= {MAX_SEEDS}"):
+            demo_sweep("unused", _tiny(), ["fp32"], seeds=n)
+
+
+def _strict_json(text: str) -> object:
+    def refuse(c: str) -> object:
+        raise ValueError(f"not JSON: {c}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_cli_plan_json_is_strict_json_even_for_an_infinite_time() -> None:
+    rc, out, err = run_cli(["plan", "--model", "llama3-8b", "--budget", "1e30", "--device", "h100-sxm", "--mfu",
+                            "1e-300", "--json"])
+    assert rc == 0, err
+    res = _strict_json(out)
+    assert isinstance(res, dict)
+    assert res["compute"]["seconds"]["bf16"] == "inf" and res["compute"]["days"]["bf16"] == "inf"
+    rc, out, _ = run_cli(["plan", "--model", "llama3-8b", "--budget", "1e30", "--device", "h100-sxm",
+                          "--mfu", "1e-300"])
+    assert rc == 0 and "inf days" in out
+
+
+@pytest.mark.parametrize("argv", [["devices", "--json"], ["round", "1e-400", "-f", "fp16", "--json"],
+                                  ["round", "inf", "--json"], ["round", "nan", "-f", "fp8_e4m3", "--json"],
+                                  ["round", "1e999999", "-f", "fp32", "--json"],
+                                  ["plan", "--model", "llama3-8b", "--tokens", "1e30", "--device", "v100", "--json"]])
+def test_cli_every_json_output_is_strict(argv: list[str]) -> None:
+    rc, out, err = run_cli(argv)
+    if rc == 0:
+        _strict_json(out)
+    else:
+        assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_json_safe_of_non_finite_values() -> None:
+    from fpsim._cliargs import json_safe, json_text
+
+    v = {"a": math.inf, "b": [-math.inf, math.nan, 1.5], "c": (np.float32(np.inf), np.int64(3), np.float64(2.0)),
+         "d": None, "e": "inf"}
+    assert json_safe(v) == {"a": "inf", "b": ["-inf", None, 1.5], "c": ["inf", 3, 2.0], "d": None, "e": "inf"}
+    assert json.loads(json_text(v)) == json_safe(v)
+    assert v["a"] == math.inf  # the input is not modified
+
+
+def test_cli_failed_sweep_is_one_line_exit_1(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fpsim.train.demo as demo
+    import fpsim.train.sweep as sw
+
+    monkeypatch.setattr(demo, "demo_settings", lambda quick=False, steps=None, seed=0: _tiny())
+
+    def dead(*a, **k):  # type: ignore[no-untyped-def]
+        raise sw.SweepError("1 cell(s) failed after 2 resubmissions: demo.fp32.s1: KilledWorker: worker died")
+
+    monkeypatch.setattr(sw, "run_sweep", dead)
+    rc, out, err = run_cli(["demo", "--seeds", "2", "--workers", "0", "--policies", "fp32",
+                            "--out", str(tmp_path / "d")])
+    assert rc == 1 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("fpsim demo: error: 1 cell(s) failed after 2 resubmissions"), err
+
+
+def test_cli_unexpected_errors_keep_their_traceback_and_ask_for_a_report(tmp_path: Any,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import fpsim.train.demo as demo
+
+    def bug(*a, **k):  # type: ignore[no-untyped-def]
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(demo, "run_demo", bug)
+    rc, out, err = run_cli(["demo", "--steps", "1", "--out", str(tmp_path / "d")])
+    assert rc == 1 and out == ""
+    assert "Traceback" in err and "ZeroDivisionError: a bug" in err, err
+    assert err.splitlines()[-1] == ("fpsim demo: internal error (ZeroDivisionError): this is a bug in fpsim; please "
+                                    "report it with the command line and the traceback above")
+
+    def oom(*a, **k):  # type: ignore[no-untyped-def]
+        raise MemoryError
+
+    monkeypatch.setattr(demo, "run_demo", oom)
+    rc, out, err = run_cli(["demo", "--steps", "1", "--out", str(tmp_path / "d")])
+    assert (rc, out, err) == (1, "", "fpsim demo: error: out of memory\n")
+
+
+def test_cli_dask_killed_worker_is_one_line(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An audit task whose workers all died (out of memory on a cluster): the machines' failure, not a bug."""
+    distributed = pytest.importorskip("distributed")
+    import types
+
+    import fpsim.train.demo as demo
+
+    def killed(*a, **k):  # type: ignore[no-untyped-def]
+        raise distributed.KilledWorker("fpsim-audit-x-0", types.SimpleNamespace(address="tcp://10.0.0.9:1234"), 3)
+
+    monkeypatch.setattr(demo, "run_demo", killed)
+    rc, out, err = run_cli(["demo", "--steps", "1", "--out", str(tmp_path / "d")])
+    assert rc == 1 and out == "" and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("fpsim demo: error: Attempted to run task 'fpsim-audit-x-0' on 4 different workers"), err
+
+
+@pytest.mark.parametrize("argv", [["formats"], ["devices"], ["devices", "--json"], ["round", "1", "--json"],
+                                  ["plan", "--model", "llama3-8b"], ["--help"], ["--version"]])
+def test_cli_output_to_a_closed_pipe_is_quiet(argv: list[str]) -> None:
+    """``fpsim formats | head -1``: the reader has gone before the first write; no BrokenPipeError traceback."""
+    r, w = os.pipe()
+    os.close(r)  # the reader left
+    try:
+        p = subprocess.run([sys.executable, "-m", "fpsim.cli", *argv], stdout=w, stderr=subprocess.PIPE, text=True,
+                           timeout=120)
+    finally:
+        os.close(w)
+    assert "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr, p.stderr
+    assert p.returncode in (0, 120) if argv[0].startswith("--") else p.returncode == 0, p.stderr
+
+
+class _FlushLog:
+    """A stdout that remembers what had been flushed (what a reader of a redirected stdout has seen)."""
+
+    def __init__(self) -> None:
+        self.text, self.flushed = "", ""
+
+    def write(self, s: str) -> int:
+        self.text += s
+        return len(s)
+
+    def flush(self) -> None:
+        self.flushed = self.text
+
+    def isatty(self) -> bool:
+        return False
+
+
+def test_cli_demo_flushes_its_lines_before_the_sweep_trains(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fpsim.train.demo as demo
+    import fpsim.train.sweep as sw
+    from fpsim.cli import main
+
+    monkeypatch.setattr(demo, "demo_settings", lambda quick=False, steps=None, seed=0: _tiny())
+    seen: list[str] = []
+    log = _FlushLog()
+
+    def first_cell(cell):  # type: ignore[no-untyped-def]
+        seen.append(log.flushed)  # what `fpsim demo > log` shows while the first cell trains
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sw, "run_cell", first_cell)
+    monkeypatch.setattr(sys, "stdout", log)
+    rc = main(["demo", "--seeds", "2", "--workers", "0", "--policies", "fp32", "--out", str(tmp_path / "d")])
+    monkeypatch.undo()
+    assert rc == 130 and len(seen) == 1
+    assert "fpsim demo: task" in seen[0] and "sweep: 1 policies x 2 seeds = 2 cells serially" in seen[0], seen
+
+
+def test_cli_demo_sweep_says_each_cell_when_not_on_a_terminal(tmp_path: Any,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import fpsim.train.demo as demo
+    import fpsim.train.report as report
+
+    monkeypatch.setattr(demo, "demo_settings", lambda quick=False, steps=None, seed=0: _tiny())
+    monkeypatch.setattr(report, "write_plots", lambda *a, **k: {})
+    rc, out, err = run_cli(["demo", "--seeds", "2", "--workers", "0", "--policies", "fp32", "--out",
+                            str(tmp_path / "d")])
+    assert rc == 0, err
+    assert "sweep: 1/2 cells done (demo.fp32.s0)" in out and "sweep: 2/2 cells done (demo.fp32.s1)" in out, out

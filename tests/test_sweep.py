@@ -399,3 +399,219 @@ def test_demo_unreachable_scheduler_is_one_line_exit_2(tiny_demo: None, tmp_path
                           "--out", str(tmp_path)])
     assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith(f"fpsim demo: error: cannot connect to the Dask scheduler at 'tcp://127.0.0.1:{port}'")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# schedulers that never answer, or have no workers: a clear error within a limit, never a hang
+# ----------------------------------------------------------------------------------------------------------
+
+def _within(seconds: float, fn: Any) -> BaseException | None:
+    """Run ``fn()`` in a thread; its exception (None if it returned), or a test failure if it is still blocked."""
+    import threading
+
+    box: dict[str, BaseException | None] = {}
+
+    def target() -> None:
+        try:
+            fn()
+            box["e"] = None
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            box["e"] = e
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        pytest.fail(f"still blocked after {seconds} s")
+    return box["e"]
+
+
+@pytest.fixture
+def silent_server() -> Any:
+    """The address of a TCP port on 127.0.0.1 that accepts every connection and never sends a byte."""
+    import socket
+    import threading
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(8)
+    s.settimeout(0.1)
+    conns: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conns.append(s.accept()[0])
+            except (socket.timeout, OSError):
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        yield f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    finally:
+        stop.set()
+        t.join(5)
+        s.close()
+        for c in conns:
+            c.close()
+
+
+@pytest.fixture
+def empty_scheduler() -> Any:
+    """A real Dask scheduler (in this process, on tcp) with no workers: its address."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=0, processes=False, protocol="tcp", dashboard_address=None,
+                                  scheduler_kwargs={"dashboard_address": ":0"}, silence_logs=logging.ERROR) as c:
+        yield c.scheduler_address
+
+
+def test_a_scheduler_that_never_answers_is_a_clear_error_not_a_hang(silent_server: str) -> None:
+    pytest.importorskip("distributed")
+    from fpsim._dask import dask_client
+
+    def connect() -> None:
+        with dask_client(scheduler=silent_server, timeout=1):
+            pass
+
+    e = _within(20, connect)
+    assert isinstance(e, ValueError), e
+    assert f"cannot connect to the Dask scheduler at {silent_server!r} within 1 s" in str(e)
+
+
+def test_audit_on_a_silent_scheduler_gives_up_by_the_environment_limit(silent_server: str, tmp_path: Any,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("distributed")
+    st = pytest.importorskip("safetensors.numpy")
+    from fpsim._dask import CONNECT_TIMEOUT_ENV
+    from fpsim.audit import audit_checkpoint
+
+    p = str(tmp_path / "m.safetensors")
+    st.save_file({"w": np.random.default_rng(0).standard_normal(16).astype(np.float32)}, p)
+    monkeypatch.setenv(CONNECT_TIMEOUT_ENV, "1")
+    e = _within(20, lambda: audit_checkpoint(p, scheduler=silent_server, progress=False))
+    assert isinstance(e, ValueError) and "cannot connect to the Dask scheduler" in str(e), e
+
+
+def test_demo_on_a_silent_scheduler_is_one_line(silent_server: str, tiny_demo: None, tmp_path: Any,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("distributed")
+    import fpsim.train.sweep as sw
+    from fpsim._dask import CONNECT_TIMEOUT_ENV
+
+    monkeypatch.setattr(sw, "run_cell", lambda c: pytest.fail("trained without a scheduler"))
+    monkeypatch.setenv(CONNECT_TIMEOUT_ENV, "1")
+    box: dict[str, Any] = {}
+    e = _within(20, lambda: box.setdefault("r", run_cli(["demo", "--seeds", "2", "--policies", "fp32", "--scheduler",
+                                                         silent_server, "--out", str(tmp_path)])))
+    assert e is None, e
+    rc, _, err = box["r"]
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"fpsim demo: error: cannot connect to the Dask scheduler at {silent_server!r}"), err
+
+
+def test_a_scheduler_without_workers_says_so_then_gives_up(empty_scheduler: str) -> None:
+    from fpsim._dask import dask_client
+
+    said: list[str] = []
+
+    def connect() -> None:
+        with dask_client(scheduler=empty_scheduler, timeout=5, worker_timeout=1, log=said.append):
+            pytest.fail("no worker, yet the client was handed out")
+
+    e = _within(30, connect)
+    assert isinstance(e, TimeoutError), e
+    assert f"the Dask scheduler at {empty_scheduler} has no workers: none joined within 1 s" in str(e)
+    assert len(said) == 1 and said[0].startswith("waiting up to 1 s for a Dask worker") and empty_scheduler in said[0]
+
+
+def test_demo_and_audit_on_a_scheduler_without_workers(empty_scheduler: str, tiny_demo: None, tmp_path: Any,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    st = pytest.importorskip("safetensors.numpy")
+    from fpsim._dask import WORKER_TIMEOUT_ENV
+    from fpsim.audit import audit_checkpoint
+
+    monkeypatch.setenv(WORKER_TIMEOUT_ENV, "1")
+    box: dict[str, Any] = {}
+    e = _within(30, lambda: box.setdefault("r", run_cli(["demo", "--seeds", "2", "--policies", "fp32", "--scheduler",
+                                                         empty_scheduler, "--out", str(tmp_path / "d")])))
+    assert e is None, e
+    rc, out, err = box["r"]
+    assert rc == 1 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"fpsim demo: error: the Dask scheduler at {empty_scheduler} has no workers"), err
+    assert "waiting up to 1 s for a Dask worker" in out
+    p = str(tmp_path / "m.safetensors")
+    st.save_file({"w": np.random.default_rng(1).standard_normal(16).astype(np.float32)}, p)
+    e = _within(30, lambda: audit_checkpoint(p, scheduler=empty_scheduler, progress=False))
+    assert isinstance(e, TimeoutError) and "has no workers" in str(e), e
+    assert "waiting up to 1 s for a Dask worker" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "x", "1e7"])
+def test_bad_dask_limits_name_the_variable(value: str, empty_scheduler: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fpsim._dask import CONNECT_TIMEOUT_ENV, WORKER_TIMEOUT_ENV, dask_client
+
+    for env in (CONNECT_TIMEOUT_ENV, WORKER_TIMEOUT_ENV):
+        with monkeypatch.context() as m:
+            m.setenv(env, value)
+            with pytest.raises(ValueError, match=f"environment variable {env}"):
+                with dask_client(scheduler=empty_scheduler):
+                    pass
+    with pytest.raises(ValueError, match="worker_timeout must be a number of seconds > 0"):
+        with dask_client(scheduler=empty_scheduler, worker_timeout=float(value) if value != "x" else 0.0):
+            pass
+
+
+def test_workers_leaving_mid_run_end_the_wait_with_a_clear_error() -> None:
+    distributed = pytest.importorskip("distributed")
+    import time
+
+    from fpsim._dask import dask_client
+
+    said: list[str] = []
+    with distributed.LocalCluster(n_workers=1, processes=False, protocol="tcp", dashboard_address=None,
+                                  scheduler_kwargs={"dashboard_address": ":0"}, silence_logs=logging.ERROR) as lc:
+        def run() -> None:
+            with dask_client(scheduler=lc.scheduler_address, worker_timeout=1, log=said.append) as c:
+                f = c.submit(time.sleep, 2, pure=False)
+                time.sleep(0.3)
+                lc.scale(0)  # the only worker leaves; the task would wait for a worker for ever
+                f.result()
+
+        e = _within(40, run)
+    assert isinstance(e, TimeoutError), e
+    assert "has had no workers for 1 s; its tasks were cancelled" in str(e)
+    assert any("has no workers left; waiting up to 1 s" in s for s in said), said
+
+
+def _slow_cell(cell: Cell) -> dict[str, Any]:
+    import time
+
+    time.sleep(2)
+    return run_cell(cell)
+
+
+def test_a_sweep_whose_workers_leave_ends_with_a_clear_error(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    distributed = pytest.importorskip("distributed")
+    import threading
+    import time
+
+    cells = grid(["fp32"], seeds=2, settings={"tiny": TINY})
+    with distributed.LocalCluster(n_workers=1, processes=False, protocol="tcp", dashboard_address=None,
+                                  scheduler_kwargs={"dashboard_address": ":0"}, silence_logs=logging.ERROR) as lc:
+        def leave() -> None:  # the only worker leaves once the cells are submitted
+            t0 = time.monotonic()
+            while not lc.scheduler.tasks and time.monotonic() - t0 < 20:
+                time.sleep(0.05)
+            time.sleep(0.3)
+            lc.scale(0)
+
+        threading.Thread(target=leave, daemon=True).start()
+        said: list[str] = []
+        monkeypatch.setenv("FPSIM_DASK_WORKER_TIMEOUT", "1")
+        e = _within(60, lambda: run_sweep(cells, scheduler=lc.scheduler_address, run=_slow_cell, out=str(tmp_path),
+                                          log=said.append))
+    assert isinstance(e, TimeoutError) and "has had no workers for 1 s" in str(e), e
+    assert any("no workers left" in s for s in said), said

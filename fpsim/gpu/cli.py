@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 __all__ = ["cmd_probe", "register_cli"]
+
+MAX_DEVICE = 1023
+MAX_RANDOM_ROWS = 100_000
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
@@ -15,16 +17,20 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from ._device import GPUUnavailable
     from .probing import probe
 
-    for flag, v in (("--device", args.device), ("--random-rows", args.random_rows)):
+    from .._cliargs import json_text
+
+    for flag, v, hi in (("--device", args.device, MAX_DEVICE), ("--random-rows", args.random_rows, MAX_RANDOM_ROWS)):
         if v < 0:  # before CuPy is looked for: a bad flag is named whatever the machine
             raise ValueError(f"{flag}: expected a non-negative integer, got {v}")
+        if v > hi:  # a huge count would allocate for ever; no machine has more device indices
+            raise ValueError(f"{flag}: expected an integer from 0 to {hi}, got {v}")
     try:
         res = probe(args.device, random_rows=args.random_rows)
     except GPUUnavailable as e:
         print(f"fpsim probe: {e}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(res.to_dict(), indent=2))
+        print(json_text(res.to_dict(), indent=2))
     else:
         print(res.summary())
         for f in res.fits:

@@ -7,7 +7,6 @@ the flag and exit status 2 (the ``fpsim`` convention, fpsim/_cliargs.py).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from typing import Any
 
@@ -32,9 +31,19 @@ def _real(text: str, *, lo: float = 0.0, lo_open: bool = True, hi: float | None 
     return x
 
 
+#: The largest --params, --budget and --tokens taken: far beyond any model or budget, and small enough that no
+#: byte count, FLOP count or time derived from them overflows a float (1e308) or meets a budget below one FLOP.
+MAX_AMOUNT = 1e30
+
+
+def _amount(text: str) -> float:
+    """A FLOP budget or a token count: a finite number from 1 to :data:`MAX_AMOUNT`."""
+    return _real(text, lo=1.0, lo_open=False, hi=MAX_AMOUNT)
+
+
 def _count(text: str) -> int:
-    """A whole number >= 1 written as an integer or in exponent form (7.5e9)."""
-    x = _real(text, lo=1.0, lo_open=False)
+    """A whole number from 1 to :data:`MAX_AMOUNT` written as an integer or in exponent form (7.5e9)."""
+    x = _amount(text)
     if x != math.floor(x):
         raise ValueError(f"expected a whole number >= 1, got {text.strip()!r}")
     return int(x)
@@ -108,8 +117,8 @@ def plan_result(args: argparse.Namespace) -> dict[str, Any]:
     mb = flag_value("--micro-batch", pos_int, args.micro_batch)
     sl = None if args.seq_len is None or spec is None else flag_value("--seq-len", pos_int, args.seq_len)
     rank = flag_value("--lora-rank", pos_int, args.lora_rank)
-    budget = None if args.budget is None else flag_value("--budget", _real, args.budget)
-    tokens = None if args.tokens is None else flag_value("--tokens", _real, args.tokens)
+    budget = None if args.budget is None else flag_value("--budget", _amount, args.budget)
+    tokens = None if args.tokens is None else flag_value("--tokens", _amount, args.tokens)
     mfu = flag_value("--mfu", lambda t: _real(t, hi=1.0), args.mfu)
     ndev = flag_value("--devices", pos_int, args.devices)
     acc = None if args.device is None else flag_value("--device", get_accelerator, args.device)
@@ -182,14 +191,14 @@ def _text(res: dict[str, Any], unit: str) -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .._cliargs import flag_value
+    from .._cliargs import flag_value, json_text
     from .memory import _unit
 
     unit = args.unit.strip()
     flag_value("--unit", _unit, unit)
     res = plan_result(args)
     if args.json:
-        print(json.dumps(res, indent=1))
+        print(json_text(res, indent=1))  # strict JSON: an infinite time is "inf", never Infinity
     else:
         print(_text(res, unit))
     return 0
@@ -209,7 +218,7 @@ def register_cli(subparsers: Any) -> None:
     g = s.add_argument_group("model (a name, or the size flags with --seq-len)")
     g.add_argument("--model", default=None, metavar="NAME", help=f"named model: {', '.join(model_names())}")
     g.add_argument("--params", default=None, metavar="N",
-                   help="number of parameters (7.5e9); overrides the count from the model's shape")
+                   help="number of parameters (7.5e9; at most 1e30); overrides the count from the model's shape")
     g.add_argument("--layers", default=None, metavar="L")
     g.add_argument("--hidden", default=None, metavar="H")
     g.add_argument("--heads", default=None, metavar="A")
@@ -233,13 +242,14 @@ def register_cli(subparsers: Any) -> None:
     t.add_argument("--no-activations", action="store_true", help="model states only")
     t.add_argument("--lora-rank", default="64", metavar="R", help="LoRA rank for --recipe qlora (default 64)")
     c = s.add_argument_group("compute")
-    c.add_argument("--budget", default=None, metavar="FLOPS", help="training budget in FLOPs (5.76e23)")
-    c.add_argument("--tokens", default=None, metavar="D", help="tokens to train on: budget = 6 N D")
+    c.add_argument("--budget", default=None, metavar="FLOPS", help="training budget in FLOPs (5.76e23; from 1 to 1e30)")
+    c.add_argument("--tokens", default=None, metavar="D", help="tokens to train on: budget = 6 N D (from 1 to 1e30)")
     c.add_argument("--method", default="rule", metavar="M",
                    help="compute-optimal fit: rule (20 tokens/parameter, default) or table3")
     c.add_argument("--device", default=None, metavar="NAME", help=f"accelerator: {', '.join(accelerator_names())}")
     c.add_argument("--mfu", default="0.4", metavar="U", help="model FLOPs utilisation, 0 < U <= 1 (default 0.4)")
     c.add_argument("--devices", default="1", metavar="K", help="number of devices (default 1)")
     s.add_argument("--unit", default="GB", metavar="U", help="GB (1e9 bytes, default), GiB, MB, MiB, TB, TiB")
-    s.add_argument("--json", action="store_true", help="print the result as JSON (keys in docs/planner.md)")
+    s.add_argument("--json", action="store_true", help="print the result as strict JSON (keys in docs/planner.md; "
+                                                           "a number too large for a float is the string \"inf\")")
     s.set_defaults(func=cmd_plan)

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from .._cliargs import CommandError
 from .._fpenv import ieee_mode
 from ..amp import get_policy
 from ._files import atomic_write
@@ -38,13 +39,15 @@ __all__ = ["LESSONS", "Cell", "Lesson", "SweepError", "demo_sweep", "grid", "his
            "run_sweep", "seed_spread", "t_quantile"]
 
 SWEEP_VERSION = 1
+#: The most seeds :func:`grid` makes from a count (``fpsim demo --seeds``): every seed is a training run per policy.
+MAX_SEEDS = 10_000
 _SETTING_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")
 _TMP_PREFIX = ".fpsim-demo-tmp-"  # the demo's pattern: check_output_dir removes stale ones
 # keys of a result that depend on when and where a cell ran, not on what it computed
 RUN_INFO = "run_info"
 
 
-class SweepError(RuntimeError):
+class SweepError(RuntimeError, CommandError):
     """Some cells failed on every try; the finished ones are kept (and a rerun with ``out=`` resumes)."""
 
 
@@ -109,8 +112,8 @@ def grid(policies: Sequence[str] | None = None, seeds: int | Iterable[int] = 1,
     if isinstance(seeds, bool):
         raise TypeError(f"seeds must be a count or a list of ints, got {seeds!r}")
     if isinstance(seeds, (int, np.integer)):
-        if seeds < 1:
-            raise ValueError(f"seeds must be >= 1, got {seeds}")
+        if not 1 <= seeds <= MAX_SEEDS:
+            raise ValueError(f"seeds must be >= 1 and <= {MAX_SEEDS}, got {seeds}")
         seed_list = list(range(int(seeds)))
     else:
         seed_list = list(dict.fromkeys(seeds))
@@ -263,7 +266,7 @@ def run_sweep(cells: Sequence[Cell], *, workers: int | None = None, scheduler: s
         its cell finishes. Cells whose file is there already are not run again (resume); a file of the
         same cell id run with other settings raises ``ValueError``.
     progress : bool, optional
-        A bar of cells done on stderr (None: only on a terminal).
+        A bar of cells done on stderr (None: only on a terminal; elsewhere a line through ``log`` per cell).
     retries : int
         On Dask: a cell whose run raises, or whose worker dies more often than Dask's
         ``distributed.scheduler.allowed-failures``, is resubmitted up to ``retries`` times; Dask itself
@@ -277,7 +280,7 @@ def run_sweep(cells: Sequence[Cell], *, workers: int | None = None, scheduler: s
     SweepError
         Cells that failed on every try (named, with their last error); the others' results are kept.
     """
-    from .._dask import check_scheduler_address, check_workers, distributed_available, progress_bar
+    from .._dask import _NoBar, check_scheduler_address, check_workers, distributed_available, progress_bar
 
     cells = list(cells)
     for c in cells:
@@ -315,6 +318,9 @@ def run_sweep(cells: Sequence[Cell], *, workers: int | None = None, scheduler: s
             "(pip install 'fpsim-precision[dist]' to run them in parallel)")
     bar = progress_bar(len(cells), desc="fpsim sweep", enabled=progress)
     bar.update(len(results))
+    # no terminal for the bar (output to a file or a pipe): a line through log per cell instead, so that a sweep of
+    # minutes is not silent
+    lines = progress is None and isinstance(bar, _NoBar)
 
     def record(cell: Cell, res: dict[str, Any]) -> None:
         if not isinstance(res, dict) or res.get("id") != cell.id:
@@ -328,6 +334,8 @@ def run_sweep(cells: Sequence[Cell], *, workers: int | None = None, scheduler: s
             _write_result(folder, cell, res)
         results[cell.id] = res
         bar.update(1)
+        if lines:
+            say(f"sweep: {len(results)}/{len(cells)} cells done ({cell.id})")
 
     t0 = time.perf_counter()
     try:
@@ -337,7 +345,8 @@ def run_sweep(cells: Sequence[Cell], *, workers: int | None = None, scheduler: s
             for c in todo:
                 record(c, fn(c))
         else:
-            _run_on_dask(todo, fn, record, workers=n_workers, scheduler=scheduler, retries=retries, say=say)
+            _run_on_dask(todo, fn, record, workers=n_workers, scheduler=scheduler, retries=retries, say=say,
+                         log=log)
     finally:
         bar.close()
     if todo:
@@ -378,8 +387,8 @@ def demo_sweep(out: str, st: DemoSettings, names: Sequence[str], *, seeds: int, 
     other settings never mix in). Returns ``{"cells": {policy: {seed: result}}, "spread":``
     :func:`seed_spread` ``, "seeds", "n_seeds", "cells_dir", "where"}``.
     """
-    if isinstance(seeds, bool) or not isinstance(seeds, (int, np.integer)) or seeds < 1:
-        raise ValueError(f"seeds must be an integer >= 1, got {seeds!r}")
+    if isinstance(seeds, bool) or not isinstance(seeds, (int, np.integer)) or not 1 <= seeds <= MAX_SEEDS:
+        raise ValueError(f"seeds must be an integer >= 1 and <= {MAX_SEEDS}, got {seeds!r}")
     say = log or (lambda s: None)
     seed_list = list(range(st.seed, st.seed + int(seeds)))
     cells = grid(list(names), seed_list, {"demo": st})
@@ -404,14 +413,15 @@ def demo_sweep(out: str, st: DemoSettings, names: Sequence[str], *, seeds: int, 
 
 def _run_on_dask(todo: list[Cell], fn: Callable[[Cell], dict[str, Any]],
                  record: Callable[[Cell, dict[str, Any]], None], *, workers: int | None, scheduler: str | None,
-                 retries: int, say: Callable[[str], None]) -> None:
+                 retries: int, say: Callable[[str], None], log: Callable[[str], None] | None = None) -> None:
     from distributed import as_completed
 
     from .._dask import dask_client
 
     n = None if scheduler else min(workers or (os.cpu_count() or 1), len(todo))
     token = secrets.token_hex(4)  # keys unique to this sweep: a shared scheduler may hold others' tasks
-    with dask_client(workers=n, scheduler=scheduler) as client:
+    # log None: dask_client says on stderr that it waits for a worker (a scheduler with none is never silent)
+    with dask_client(workers=n, scheduler=scheduler, log=log) as client:
         pending: dict[Any, tuple[Cell, int]] = {}
 
         def submit(c: Cell, attempt: int) -> Any:
@@ -425,6 +435,10 @@ def _run_on_dask(todo: list[Cell], fn: Callable[[Cell], dict[str, Any]],
             cell, attempt = pending.pop(fut)
             if fut.status == "finished":
                 record(cell, fut.result())
+            elif fut.status == "cancelled":  # by dask_client when the scheduler's workers are gone, or by someone
+                # else on a shared scheduler: resubmitting would wait for ever, or against their will
+                raise SweepError(f"cell {cell.id}: its task was cancelled on the scheduler (the finished cells are "
+                                 "kept; run the sweep again with the same out= to resume)")
             else:  # raised on every Dask retry, or its workers kept dying (KilledWorker)
                 exc = fut.exception()
                 err = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
