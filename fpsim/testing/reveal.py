@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import itertools
+import math
 import sys
 
 import numpy as np
@@ -72,9 +73,18 @@ class _Prober:
         x = self._x
         x[i], x[j] = self.big, -self.big
         try:
-            out = self.output(x)
+            with np.errstate(over="ignore", invalid="ignore"):  # the probe's huge terms are deliberate
+                out = self.output(x)
         finally:
             x[i] = x[j] = self.unit
+        if not math.isfinite(out):
+            # a sum of the terms as given never overflows here (M and -M cancel); a sum of |x| or x*x does
+            raise ValueError(
+                f"fn is not a summation of its terms: with x[{i}] = {float(self.big):g}, x[{j}] = "
+                f"{-float(self.big):g} and every other of the n = {self.n} terms {self.unit:g}, it returned "
+                f"{out!r}; a sum of the signed terms in any order returns a finite multiple of {self.unit:g} "
+                f"(the two huge terms cancel). fn transforms the terms before adding them (np.abs, a square, "
+                f"an exp?): reveal the order of the sum it applies to the transformed terms instead")
         c = self.n - out / self.unit
         if not (c == int(c) and 2 <= c <= self.n):
             raise ValueError(
@@ -348,7 +358,10 @@ def reveal_order(fn: Callable[[np.ndarray], Any], n: int, dtype: Any = np.float3
     ValueError
         When ``fn`` is not a fixed summation tree, saying what was seen: every pair cancelling with no
         one swamped (a correctly rounded sum such as ``math.fsum``), counts that fit no tree (an order
-        that depends on the values), or a tree whose replay differs from ``fn`` on random inputs.
+        that depends on the values), a tree whose replay differs from ``fn`` on random inputs, or a
+        non-finite output on a probe (``fn`` transforms the terms before summing them, as
+        ``np.sum(np.abs(x))`` or ``np.sum(x * x)`` do: the probe's ``M`` and ``-M`` then add up to
+        overflow instead of cancelling; reveal the inner sum instead).
 
     Examples
     --------
