@@ -101,3 +101,101 @@ def test_out_hostile_but_valid(op):
     buf = np.concatenate([x, y])
     got = f(buf[0:8], buf[8:16], buf[1:9])
     np.testing.assert_array_equal(got, f(x, y, None))
+
+
+# ------------------------------------------------------------------------------- interop converter
+
+
+def _torch_kinds():
+    torch = pytest.importorskip("torch")
+    dense = torch.tensor([[0.0, 1.5], [2.0, 0.0]])
+    with warnings.catch_warnings():  # prototype/beta/deprecation notices of torch itself
+        warnings.simplefilter("ignore")
+        cases = {
+            "nested": (torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]), "nested"),
+            "nested jagged": (torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged),
+                              "nested"),
+            "sparse coo": (dense.to_sparse(), "layout"),
+            "sparse csr": (dense.to_sparse_csr(), "layout"),
+            "sparse csc": (dense.to_sparse_csc(), "layout"),
+            "sparse bsr": (dense.to_sparse_bsr((1, 1)), "layout"),
+            "qint8": (torch.quantize_per_tensor(dense, 0.5, 0, torch.qint8), "quantized"),
+            "quint8": (torch.quantize_per_tensor(dense, 0.5, 0, torch.quint8), "quantized"),
+            "complex32": (torch.ones(2, dtype=torch.complex32), "complex32"),
+            "meta": (torch.empty(2, device="meta"), "device"),
+        }
+    return cases
+
+
+@pytest.mark.parametrize("kind", ["nested", "nested jagged", "sparse coo", "sparse csr", "sparse csc", "sparse bsr",
+                                  "qint8", "quint8", "complex32", "meta"])
+def test_torch_unsupported_kinds_refused(kind):
+    t, words = _torch_kinds()[kind]
+    with pytest.raises(TypeError, match=words):
+        fpsim.round(t, "bf16")
+    with pytest.raises(TypeError, match=words):
+        fpsim.add(t, 1.0, "bf16")
+
+
+def test_torch_storageless_refused():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match="storage"):
+        torch.vmap(lambda x: fpsim.round(x, "bf16"))(torch.ones(2, 3))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        ft = torch.ones(2)
+    with pytest.raises(TypeError, match="FakeTensor"):
+        fpsim.round(ft, "bf16")
+
+
+def test_torch_views_and_grad_exact():
+    torch = pytest.importorskip("torch")
+    base = torch.arange(12.0).reshape(3, 4) / 8
+    cases = [
+        (torch.ones(3, requires_grad=True), np.ones(3)),
+        (base.T, base.numpy().T),
+        (base.flip(0), base.numpy()[::-1]),
+        (base[1:, 2:], base.numpy()[1:, 2:]),
+        (torch.tensor(1.5), np.float64(1.5)),
+        (torch._neg_view(base), -base.numpy()),
+        (torch.view_as_real(torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64)).conj(), [[1, 2], [3, -1]]),
+        (base.to(torch.bfloat16).T, base.numpy().T),
+        (torch._neg_view(base.to(torch.bfloat16)), -base.numpy()),
+        (base.to(torch.float8_e4m3fn).T, base.numpy().T),
+        (torch.tensor(1.5, dtype=torch.bfloat16), np.float64(1.5)),
+        (torch.ones(1).expand(4), np.ones(4)),
+        (torch.tensor([1, 2], dtype=torch.uint16), [1.0, 2.0]),
+    ]
+    for t, want in cases:
+        got = fpsim.round(t, "fp32")
+        np.testing.assert_array_equal(np.asarray(got.detach() if hasattr(got, "detach") else got, np.float64),
+                                      np.asarray(want, np.float64))
+        assert not getattr(t, "requires_grad", False) or t.grad is None
+
+
+@pytest.mark.parametrize("dt", ["float16", "float32", "bfloat16", "float8_e4m3fn", "float8_e5m2",
+                                "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz"])
+def test_jax_cpu_dtypes_exact(dt):
+    jnp = pytest.importorskip("jax.numpy")
+    if not hasattr(jnp, dt):
+        pytest.skip(f"jax.numpy has no {dt}")
+    vals = np.array([1.0, -2.0, 0.5, 0.0], np.float32)
+    got = fpsim.round(jnp.asarray(vals).astype(getattr(jnp, dt)), "fp32")
+    np.testing.assert_array_equal(np.asarray(got, np.float64), vals)
+
+
+def test_dlpack_capsule_refused():
+    with pytest.raises(TypeError, match="DLPack capsule"):
+        fpsim.round(np.ones(2).__dlpack__(), "bf16")
+
+
+@pytest.mark.parametrize("x", [
+    np.ma.masked_array([1.0, 2.0], mask=[0, 1]), np.array([1.0, "a"], dtype=object),
+    np.array([1.0, None], dtype=object), np.zeros(2, dtype=[("a", "f4"), ("b", "f4")]),
+    np.array(["2020-01-01"], dtype="datetime64[D]"), np.array([1], dtype="timedelta64[s]"),
+    np.array(["1.5"]), np.array([b"1.5"]), [1.0, None], np.array([True, False]), True, np.void(b"ab"),
+    np.array([1 + 1j]), "1.5"])
+def test_numpy_hostile_refused(x):
+    with pytest.raises(TypeError):
+        fpsim.round(x, "bf16")
