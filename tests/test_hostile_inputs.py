@@ -199,3 +199,98 @@ def test_dlpack_capsule_refused():
 def test_numpy_hostile_refused(x):
     with pytest.raises(TypeError):
         fpsim.round(x, "bf16")
+
+
+# ------------------------------------------------------------------------------- fused optimizers
+
+_ADAM_KW = dict(lr=0.1, beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
+_SGD_KW = dict(weight_decay=0.0, momentum=0.9, lr=0.1, dampening=0.0, nesterov=False, maximize=False,
+               is_first_step=False)
+
+
+def _adam_lists(n=2, k=1):
+    f = np.float32
+    return ([np.ones(n, f) for _ in range(k)], [np.full(n, 0.5, f) for _ in range(k)],
+            [np.zeros(n, f) for _ in range(k)], [np.zeros(n, f) for _ in range(k)], [],
+            [np.ones(1, f) for _ in range(k)])
+
+
+def test_fused_adamw_max_exp_avg_sqs_without_amsgrad_names_the_option():
+    p, g, m, v, _, st = _adam_lists()
+    with pytest.raises(ValueError, match="max_exp_avg_sqs must be empty with amsgrad=False, got 1"):
+        fpsim.amp.fused_adamw_step(p, g, m, v, [np.zeros(2, np.float32)], st, **_ADAM_KW)
+    with pytest.raises(ValueError, match="max_exp_avg_sqs has 0 arrays, params has 1"):
+        fpsim.amp.fused_adamw_step(p, g, m, v, [], st, **{**_ADAM_KW, "amsgrad": True})
+
+
+def test_fused_sgd_buffers_without_momentum_names_the_option():
+    f = np.float32
+    with pytest.raises(ValueError, match="momentum_buffer_list must be empty with momentum=0"):
+        fpsim.amp.fused_sgd_step([np.ones(2, f)], [np.ones(2, f)], [np.zeros(2, f)], **{**_SGD_KW, "momentum": 0.0})
+    with pytest.raises(ValueError, match=r"dampening must be a finite number, got nan"):
+        fpsim.amp.fused_sgd_step([np.ones(2, f)], [np.ones(2, f)], [np.zeros(2, f)],
+                                 **{**_SGD_KW, "dampening": float("nan")})
+
+
+@pytest.mark.parametrize("alias", ["p=g", "m=v", "p twice", "g overlaps p", "m=p second"])
+def test_fused_adamw_aliasing_refused(alias):
+    p, g, m, v, mx, st = _adam_lists(4, 2)
+    if alias == "p=g":
+        g[0] = p[0]
+    elif alias == "m=v":
+        v[1] = m[1]
+    elif alias == "p twice":
+        p[1] = p[0]
+    elif alias == "g overlaps p":
+        buf = np.ones(6, np.float32)
+        p[0], g[0] = buf[:4], buf[2:]
+    else:
+        m[1] = p[0]
+    before = [a.copy() for a in p + g + m + v]
+    with pytest.raises(ValueError, match="share memory"):
+        fpsim.amp.fused_adamw_step(p, g, m, v, mx, st, **_ADAM_KW, grad_scale=np.float32([2.0]))
+    for a, b in zip(p + g + m + v, before):
+        np.testing.assert_array_equal(a, b)  # nothing written (not even the unscaled gradients)
+
+
+def test_fused_aliasing_check_allows_shared_step_counts_and_disjoint_views():
+    p, g, m, v, mx, st = _adam_lists(4, 2)
+    st[1] = st[0]   # only read: may be shared
+    buf = np.ones(8, np.float32)
+    p[0], p[1] = buf[:4], buf[4:]   # adjacent, disjoint
+    fpsim.amp.fused_adamw_step(p, g, m, v, mx, st, **_ADAM_KW)
+    p[0][0] = 1.0   # a valid step count, in a parameter's memory
+    with pytest.raises(ValueError, match=r"state_steps\[0\] shares memory"):
+        fpsim.amp.fused_adamw_step(p, g, m, v, mx, [p[0][:1], st[1]], **_ADAM_KW)
+
+
+def test_fused_sgd_aliasing_refused():
+    f = np.float32
+    p = np.ones(2, f)
+    with pytest.raises(ValueError, match="share memory"):
+        fpsim.amp.fused_sgd_step([p], [p], [np.zeros(2, f)], **_SGD_KW)
+    with pytest.raises(ValueError, match="share memory"):
+        fpsim.amp.fused_sgd_step([p], [np.ones(2, f)], [p], **_SGD_KW)
+
+
+@pytest.mark.parametrize("step", [0.0, -1.0, np.nan, np.inf])
+def test_fused_adamw_bad_step_count(step):
+    p, g, m, v, mx, _ = _adam_lists()
+    with pytest.raises(ValueError, match=r"state_steps\[0\] must hold the step count"):
+        fpsim.amp.fused_adamw_step(p, g, m, v, mx, [np.float32([step])], **_ADAM_KW)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("cls", ["AdamW", "SGD"])
+def test_optimizer_step_checks_lr_and_grads(cls, fused):
+    opt = getattr(fpsim.amp, cls)
+    f = np.float32
+    for lr, exc in ((float("nan"), ValueError), (-1.0, ValueError), ("a", TypeError), (True, TypeError)):
+        p = {"w": np.ones(2, f)}
+        with pytest.raises(exc, match="lr"):
+            opt(fused=fused).step(p, {"w": np.ones(2, f)}, lr=lr)
+        np.testing.assert_array_equal(p["w"], 1.0)
+    with pytest.raises(ValueError, match=r"grads\['w'\] has shape \(3,\)"):
+        opt(fused=fused).step({"w": np.ones(2, f)}, {"w": np.ones(3, f)})
+    with pytest.raises(TypeError, match=r"grads\['w'\] must be a float NumPy array, got list"):
+        opt(fused=fused).step({"w": np.ones(2, f)}, {"w": [1.0, 1.0]})
