@@ -294,3 +294,62 @@ def test_optimizer_step_checks_lr_and_grads(cls, fused):
         opt(fused=fused).step({"w": np.ones(2, f)}, {"w": np.ones(3, f)})
     with pytest.raises(TypeError, match=r"grads\['w'\] must be a float NumPy array, got list"):
         opt(fused=fused).step({"w": np.ones(2, f)}, {"w": [1.0, 1.0]})
+
+
+# ------------------------------------------------------------------------------ NF4, MX, NVFP4: NaN/inf
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("double_quant", [False, True])
+@pytest.mark.parametrize("n", [64 * 8, 64 * 8 + 40, 64 * 300])   # a partial last block; > 256 constants
+def test_nf4_nonfinite_stays_in_its_block(bad, double_quant, n):
+    from fpsim.quant import nf4_dequantize, nf4_quantize
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(n).astype(np.float32)
+    clean_c, clean_a = nf4_quantize(x, 64, double_quant)
+    want = nf4_dequantize(clean_c, clean_a, 64)
+    for pos in (5, n - 1):
+        y = x.copy()
+        y[pos] = bad
+        c, a = nf4_quantize(y, 64, double_quant)   # no RuntimeWarning (filterwarnings = error)
+        d = nf4_dequantize(c, a, 64)
+        blk = pos // 64
+        other = np.ones(n, bool)
+        other[blk * 64:(blk + 1) * 64] = False
+        assert not np.isfinite(d[pos])
+        assert np.isfinite(d[other]).all()
+        if not double_quant:
+            np.testing.assert_array_equal(d[other], want[other])   # blocks are independent
+        # the block itself dequantizes as without double quantization
+        c1, a1 = nf4_quantize(y, 64, False)
+        np.testing.assert_array_equal(d[~other], nf4_dequantize(c1, a1, 64)[~other])
+
+
+def test_nf4_double_quant_finite_input_unchanged_fields():
+    from fpsim.quant import nf4_quantize
+
+    x = np.random.default_rng(5).standard_normal(64 * 10).astype(np.float32)
+    _, a = nf4_quantize(x, 64, True)
+    assert a.nonfinite is None
+    y = x.copy()
+    y[70] = np.nan
+    _, b = nf4_quantize(y, 64, True)
+    assert b.nonfinite is not None and b.nonfinite[0].tolist() == [1]
+    assert b.nbytes == a.nbytes + b.nonfinite[0].nbytes + b.nonfinite[1].nbytes
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_mx_nvfp4_nonfinite_local(bad):
+    from fpsim import scaling
+
+    x = np.random.default_rng(6).standard_normal(128).astype(np.float32)
+    y = x.copy()
+    y[5] = bad
+    for elem in ("fp8_e4m3", "fp4_e2m1"):
+        d = np.asarray(scaling.mx_dequantize(*scaling.mx_quantize(y, elem))).reshape(4, 32)
+        assert np.isfinite(d[1:]).all()
+        np.testing.assert_array_equal(d[1:], np.asarray(scaling.mx_dequantize(*scaling.mx_quantize(x, elem))
+                                                        ).reshape(4, 32)[1:])
+    d = np.asarray(scaling.nvfp4_dequantize(*scaling.nvfp4_quantize(y))).reshape(8, 16)
+    assert np.isfinite(d[1:]).all()
