@@ -353,3 +353,141 @@ def test_mx_nvfp4_nonfinite_local(bad):
                                                         ).reshape(4, 32)[1:])
     d = np.asarray(scaling.nvfp4_dequantize(*scaling.nvfp4_quantize(y))).reshape(8, 16)
     assert np.isfinite(d[1:]).all()
+
+
+# ------------------------------------------------------------------------------- LoRA, attention
+
+
+def _lora_parts():
+    from fpsim.nn.lora import lora_init
+
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((8, 3)).astype(np.float32)
+    A, B = lora_init(8, 3, 2, rng=np.random.default_rng(0))
+    B = rng.standard_normal(B.shape).astype(np.float32)
+    return rng.standard_normal((2, 8)).astype(np.float32), w, A, B
+
+
+@pytest.mark.parametrize("case", ["w 1-D", "x 0-d", "x wrong Cin", "bias wrong", "w str", "A bool", "A rank != B rank"])
+def test_lora_forward_bad_shapes_clear(case):
+    from fpsim.nn.lora import lora_linear_forward
+
+    x, w, A, B = _lora_parts()
+    b = None
+    exc: type[Exception] = ValueError
+    if case == "w 1-D":
+        w = w[:, 0]
+    elif case == "x 0-d":
+        x = np.float32(1.0)
+    elif case == "x wrong Cin":
+        x = x[:, :5]
+    elif case == "bias wrong":
+        b = np.ones(5, np.float32)
+    elif case == "w str":
+        w, exc = "w", TypeError
+    elif case == "A bool":
+        A, exc = A > 0, TypeError
+    else:
+        B = B[:, :1]
+    with pytest.raises(exc, match=r"\b(w|x|b|A|LoRA shapes|base weight)\b"):
+        lora_linear_forward(x, w, b, A, B, 2.0)
+
+
+def test_lora_rank_zero_and_large_rank():
+    from fpsim.nn.lora import lora_init, lora_linear_forward
+
+    x, w, A, B = _lora_parts()
+    out, _ = lora_linear_forward(x, w, None, A[:0], B[:, :0], 2.0)   # rank 0: the base layer exactly
+    np.testing.assert_array_equal(out, lora_linear_forward(x, w, None, A, np.zeros_like(B), 2.0)[0])
+    with pytest.raises(ValueError, match="r must be an int >= 1"):
+        lora_init(8, 3, 0)
+    A9, B9 = lora_init(8, 3, 9, rng=np.random.default_rng(0))       # r > both dims: allowed, as in peft
+    assert A9.shape == (9, 8) and B9.shape == (3, 9)
+
+
+@pytest.mark.parametrize("ab", ["not a pair", "three", "ranks differ", "A 1-D", "str"])
+def test_lora_precision_adapters_checked(ab):
+    from fpsim.nn import FULL
+    from fpsim.nn.lora import LoRAPrecision
+
+    _, _, A, B = _lora_parts()
+    value = {"not a pair": A, "three": (A, B, B), "ranks differ": (A, B[:, :1]), "A 1-D": (A[0], B),
+             "str": ("A", B)}[ab]
+    with pytest.raises((TypeError, ValueError), match=r"adapters\['fc'\]"):
+        LoRAPrecision(FULL, {"fc": value}, scale=1.0)
+
+
+@pytest.mark.parametrize("which", ["w_qkv", "b_qkv", "w_proj", "b_proj"])
+@pytest.mark.parametrize("flash", [False, True])
+def test_attention_layer_weight_shapes_named(which, flash):
+    from fpsim.nn import attention_forward
+    from fpsim.nn.flash import flash_attention_forward
+
+    rng = np.random.default_rng(8)
+    C = 8
+    args = {"w_qkv": rng.standard_normal((C, 3 * C)), "b_qkv": None, "w_proj": rng.standard_normal((C, C)),
+            "b_proj": None}
+    args[which] = np.ones((C, 3 * C - 4)) if which == "w_qkv" else np.ones(C + 1)
+    f = flash_attention_forward if flash else attention_forward
+    with pytest.raises(ValueError, match=which):
+        f(rng.standard_normal((2, 3, C)), args["w_qkv"], args["b_qkv"], args["w_proj"], args["b_proj"], 2)
+
+
+def test_flash_attention_degenerate_inputs():
+    from fpsim.nn.flash import flash_attention, flash_attention_grads, reference_attention
+
+    rng = np.random.default_rng(9)
+    q = rng.standard_normal((1, 2, 8, 4)).astype(np.float32)
+    for bad in ({"block_q": 0}, {"block_k": -1}, {"block_q": 2.0}):
+        with pytest.raises((TypeError, ValueError), match="block_"):
+            flash_attention(q, q, q, **bad)
+    with pytest.raises(ValueError, match="one shape"):
+        flash_attention(q, q[:, :, :4], q)
+    # blocks that do not divide T, or exceed it: the same result as the reference (up to fp32 sums)
+    ref = reference_attention(q.astype(np.float64), q.astype(np.float64), q.astype(np.float64))
+    for bq, bk in ((3, 5), (100, 100), (1, 7)):
+        o, _ = flash_attention(q.astype(np.float64), q.astype(np.float64), q.astype(np.float64), block_q=bq,
+                               block_k=bk)
+        np.testing.assert_allclose(o, ref[0] if isinstance(ref, tuple) else ref, rtol=1e-12, atol=1e-12)
+    o, lse = flash_attention(q[:, :, :0], q[:, :, :0], q[:, :, :0])      # zero-length sequence
+    assert o.shape == (1, 2, 0, 4) and lse.shape == (1, 2, 0)
+    g = flash_attention_grads(q[:, :, :0], q[:, :, :0], q[:, :, :0], q[:, :, :0], o, lse)
+    assert all(a.shape == (1, 2, 0, 4) for a in g)
+
+
+# ------------------------------------------------------------------------------------- all_reduce
+
+
+def test_all_reduce_masked_refused_and_ml_dtypes_accepted():
+    import ml_dtypes
+
+    from fpsim.train.parallel import all_reduce
+
+    with pytest.raises(TypeError, match="masked array"):
+        all_reduce([np.ma.masked_array([1.0, 2.0], mask=[0, 1])] * 2)
+    bf = np.float32([1.5, -2.0]).astype(ml_dtypes.bfloat16)
+    out = all_reduce([bf, bf, bf], wire="bf16")
+    np.testing.assert_array_equal(out[0], [4.5, -6.0])
+    np.testing.assert_array_equal(out[0], all_reduce([np.float64([1.5, -2.0])] * 3, wire="bf16")[0])
+    torch = pytest.importorskip("torch")
+    t = torch.tensor([1.5, -2.0], dtype=torch.bfloat16)
+    np.testing.assert_array_equal(all_reduce([t, t, t], wire="bf16")[0], [4.5, -6.0])
+
+
+@pytest.mark.parametrize("alg", ["ring", "tree", "halving-doubling", "direct", "gloo"])
+def test_all_reduce_edge_cases(alg):
+    from fpsim.train.parallel import all_reduce
+
+    f = np.float32
+    assert [a.shape for a in all_reduce([np.zeros(0, f)] * 3, algorithm=alg)] == [(0,)] * 3
+    one = all_reduce([f([1.5, 2.25])], algorithm=alg, op="avg")
+    np.testing.assert_array_equal(one[0], [1.5, 2.25])
+    np.testing.assert_array_equal(all_reduce([f(1.5), f(2.0)], algorithm=alg)[1], 3.5)
+    np.testing.assert_array_equal(all_reduce([np.arange(3), np.arange(3)], algorithm=alg)[0], [0, 2, 4])
+    with pytest.raises(ValueError, match="same shape"):
+        all_reduce([np.zeros(3, f), np.zeros(4, f)], algorithm=alg)
+    for bad in (np.array([True]), np.array([1j]), np.array([1.0], dtype=object)):
+        with pytest.raises(TypeError, match="real numbers"):
+            all_reduce([bad, bad], algorithm=alg)
+    with pytest.raises(ValueError, match="at least one"):
+        all_reduce([], algorithm=alg)

@@ -52,7 +52,7 @@ from .._fpenv import ieee_mode
 from .._names import norm_name
 from ..formats import Format, as_format
 from ..rounding import round as fround
-from .attention import _check_attention_input
+from .attention import _check_attention_input, _check_attention_weights
 from .layers import linear_backward, linear_forward, softmax_forward
 from .precision import FULL, Precision, _matmul_grads, current_precision
 
@@ -425,6 +425,7 @@ def flash_attention_forward(x: np.ndarray, w_qkv: np.ndarray, b_qkv: np.ndarray 
     (True, ['k', 'lse', 'o', 'q', 'v'])
     """
     x, (B, T, C, n_head, hd) = _check_attention_input(x, n_head)
+    _check_attention_weights(C, w_qkv, b_qkv, w_proj, b_proj)
     prec = _check_prec(current_precision(prec))  # None: the innermost fpsim.amp.autocast's, else FULL
     bq, bk, c, scale = _opts(block_q, block_k, causal, None, hd)
     qkv, c_qkv = linear_forward(x, w_qkv, b_qkv, prec=prec, site=f"{site}.qkv")        # (B, T, 3C)

@@ -62,7 +62,26 @@ def lora_init(c_in: int, c_out: int, r: int, rng: np.random.Generator | None = N
     return A, np.zeros((c_out, r), dtype)
 
 
+def _float_array(a: Any, name: str) -> np.ndarray:
+    """``a`` as a real numeric array (TypeError naming it otherwise: a str, bool or object array)."""
+    arr = np.asarray(a)
+    if arr.dtype.kind not in "fiu":
+        raise TypeError(f"{name} must be a real float array, got {type(a).__name__} of dtype {arr.dtype}")
+    return arr
+
+
+def _check_adapter(site: object, ab: object) -> None:
+    if not isinstance(ab, (tuple, list)) or len(ab) != 2:
+        raise TypeError(f"adapters[{site!r}] must be a pair (A, B) of arrays, got {type(ab).__name__}")
+    A, B = (_float_array(m, f"adapters[{site!r}][{i}]") for i, m in enumerate(ab))
+    if A.ndim != 2 or B.ndim != 2 or A.shape[0] != B.shape[1]:
+        raise ValueError(f"adapters[{site!r}] must be A (r, Cin) and B (Cout, r) with one rank r, got A {A.shape}, "
+                         f"B {B.shape}")
+
+
 def _check_ab(w: np.ndarray, A: np.ndarray, B: np.ndarray) -> None:
+    if w.ndim != 2:
+        raise ValueError(f"the base weight must be 2-D (Cin, Cout), got shape {w.shape}")
     if A.ndim != 2 or B.ndim != 2 or A.shape[1] != w.shape[0] or B.shape[0] != w.shape[1] or \
             A.shape[0] != B.shape[1]:
         raise ValueError(f"LoRA shapes do not fit: W {w.shape} (Cin, Cout) needs A (r, {w.shape[0]}) and "
@@ -95,8 +114,12 @@ def lora_linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, A: n
     """``x @ w + b + scale * (x @ A.T) @ B.T``. x (..., Cin), w (Cin, Cout), A (r, Cin), B (Cout, r) ->
     out (..., Cout); ``scale`` is ``alpha / r``."""
     prec = current_precision(prec)
-    x, w, A, B = np.asarray(x), np.asarray(w), np.asarray(A), np.asarray(B)
+    x, w, A, B = (_float_array(a, n) for a, n in ((x, "x"), (w, "w"), (A, "A"), (B, "B")))
     _check_ab(w, A, B)
+    if x.ndim < 1 or x.shape[-1] != w.shape[0]:
+        raise ValueError(f"x must be (..., Cin) with Cin = {w.shape[0]} (w is {w.shape}), got shape {x.shape}")
+    if b is not None and np.shape(b) != (w.shape[1],):
+        raise ValueError(f"b must be (Cout,) = ({w.shape[1]},), got shape {np.shape(b)}")
     scale = check_real(scale, "scale")
     shape = x.shape
     out, c = _lora_matmul(prec, x.reshape(-1, shape[-1]), w, b, A, B, scale, site, "linear")
@@ -135,6 +158,8 @@ class LoRAPrecision:
             raise TypeError(f"inner must implement fpsim.nn.Precision, got {type(inner).__name__}")
         if not isinstance(adapters, Mapping):
             raise TypeError(f"adapters must map site -> (A, B), got {type(adapters).__name__}")
+        for site, ab in adapters.items():
+            _check_adapter(site, ab)
         self.inner = inner
         self.adapters = dict(adapters)
         self.scale = check_real(scale, "scale")

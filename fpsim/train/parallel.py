@@ -62,6 +62,7 @@ import numpy as np
 
 from .._checks import check_bool, check_int, check_real
 from .._fpenv import ieee_mode
+from .._interop import host_array
 from .._names import parse_name
 from .._sumtree import SumTree
 from ..amp import Policy
@@ -212,7 +213,15 @@ def _as_rank_arrays(per_rank: object, what: str = "per_rank") -> list[np.ndarray
         raise ValueError(f"{what} must hold at least one rank's array, got an empty {type(per_rank).__name__}")
     out = []
     for i, a in enumerate(per_rank):
-        arr = np.asarray(a)
+        if isinstance(a, np.ma.MaskedArray):  # np.asarray drops the mask: masked values would be summed
+            raise TypeError(f"{what}[{i}] is a masked array (its mask would be ignored); pass "
+                            f"{what}[{i}].filled(0) to reduce the masked entries as zeros")
+        arr = np.asarray(host_array(a, f"{what}[{i}]"))   # torch/JAX tensors of every float dtype, exactly
+        if arr.dtype.kind == "V" and arr.dtype.names is None and arr.dtype.itemsize <= 2:
+            try:  # an ml_dtypes float (bfloat16, float8, ...): exactly, in the float64 carrier of non-fp32 input
+                arr = arr.astype(np.float64)
+            except (TypeError, ValueError):
+                pass
         if arr.dtype.kind not in "fiu" or arr.dtype == np.bool_:
             raise TypeError(f"{what}[{i}] must hold real numbers, got dtype {arr.dtype}")
         out.append(arr)
