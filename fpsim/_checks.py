@@ -75,8 +75,8 @@ def check_out(out: object, shape: tuple[int, ...], dtype: Any, what: str = "out"
     """``out`` as the ndarray a function writes its result into, as NumPy ufuncs take ``out=``.
 
     It must be a writeable :class:`numpy.ndarray` of exactly `shape` and `dtype` (no casting: the
-    result's bits are stored as they are); masked arrays and ``numpy.matrix`` raise ``TypeError``. It may be one of the inputs (in-place operation); callers
-    read every input before they write.
+    result's bits are stored as they are); masked arrays and ``numpy.matrix`` raise ``TypeError``. It may
+    be one of the inputs (in-place operation); callers read every input before they write.
 
     >>> import numpy as np
     >>> check_out(np.empty(3, np.float32), (3,), np.float32).shape
