@@ -31,6 +31,22 @@ def test_reveal_order_abs_n2():
         fpsim.testing.reveal_order(lambda x: np.sum(np.abs(x)), 2)
 
 
+def test_reveal_order_torch_results_read_exactly():
+    torch = pytest.importorskip("torch")
+    tree = fpsim.testing.reveal_order(lambda x: torch.tensor(x, requires_grad=True).sum(), 8, verify=8)
+    assert tree.n == 8
+    # a bfloat16 result is read (exactly), then found not to be a float32 summation
+    with pytest.raises(ValueError, match="not a fixed summation tree"):
+        fpsim.testing.reveal_order(lambda x: torch.from_numpy(x).sum().bfloat16(), 8)
+
+
+def test_reveal_order_rng_checked():
+    with pytest.raises(TypeError, match="rng must be a numpy.random.Generator"):
+        fpsim.testing.reveal_order(np.sum, 8, rng=3)
+    with pytest.raises(TypeError, match="rng must be a numpy.random.Generator"):
+        fpsim.testing.reveal_dot_order(np.dot, 8, rng=3)
+
+
 # ------------------------------------------------------------------------------------------- out=
 
 

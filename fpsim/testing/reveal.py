@@ -31,6 +31,7 @@ import sys
 import numpy as np
 
 from .._fpenv import ieee_mode
+from .._interop import host_array
 from .._names import parse_name
 from ..accumulate import SumTree
 from ..accumulate import dot as _dot
@@ -110,10 +111,15 @@ _FP16_UNIT_MAX_N = 2**11 - 1
 def _number(out: Any, what: str) -> float:
     """The one real number a summing function returned (a Python or NumPy number, a 0-d or one-element
     array, a torch scalar); a TypeError naming what came back otherwise."""
-    try:
-        a = np.asarray(out)
-    except Exception:  # e.g. a torch tensor that needs .detach(): let float() decide below
-        a = np.asarray(out, dtype=object)
+    try:  # torch (requires_grad, bfloat16, on a GPU) and JAX results, exactly, through the one converter
+        a = np.asarray(host_array(out, f"{what}'s result", to_host=True))
+    except Exception:  # not an array of any known kind: refused below, naming what came back
+        a = np.asarray(out, dtype=object) if not isinstance(out, np.ndarray) else out
+    if a.dtype.kind == "V" and a.dtype.names is None:  # an ml_dtypes float (bfloat16, float8): exact in float64
+        try:
+            a = a.astype(np.float64)
+        except (TypeError, ValueError):
+            pass
     if a.dtype.kind not in "fiu" or isinstance(out, (bool, np.bool_)):
         raise TypeError(f"{what} must return one real number (the sum), got {type(out).__name__}: {out!r:.80}")
     if a.size != 1:
@@ -391,6 +397,7 @@ def reveal_order(fn: Callable[[np.ndarray], Any], n: int, dtype: Any = np.float3
         raise ValueError(f"n must be in 1..{2 ** (np.finfo(dt).nmant - 1) - 1} for {dt.name} (the counts must "
                          f"be exact), got {n!r}")
     verify = _check_verify(verify)
+    _check_rng(rng)
     method = parse_name(method, ("fprev", "basic"), "reveal method")
     p = _Prober(fn, int(n), dt)
     ones = p.output(np.ones(int(n), dtype=dt))
@@ -454,6 +461,7 @@ def reveal_dot_order(dot: Callable[[np.ndarray, np.ndarray], Any], n: int, dtype
         raise TypeError(f"fused must be a bool, got {fused!r}")
     dt, fmt = _dtype(dtype)
     verify = _check_verify(verify)
+    _check_rng(rng)
     ones = np.ones(int(n) if isinstance(n, (int, np.integer)) else 1, dtype=dt)
     tree = reveal_order(lambda x: dot(x, ones), n, dt, verify=0, method=method)
     if verify:
@@ -476,3 +484,8 @@ def _check_verify(verify: int) -> int:
     if verify < 0:
         raise ValueError(f"verify must be >= 0, got {verify!r}")
     return int(verify)
+
+
+def _check_rng(rng: object) -> None:
+    if rng is not None and not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator or None, got {type(rng).__name__}: {rng!r}")
