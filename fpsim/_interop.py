@@ -40,7 +40,7 @@ from typing import Any, TypeVar, cast, overload
 
 import numpy as np
 
-__all__ = ["host_array", "returns_input_kind", "input_kind", "TORCH_FORMATS"]
+__all__ = ["as_array", "host_array", "returns_input_kind", "input_kind", "TORCH_FORMATS"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -228,6 +228,24 @@ def host_array(x: Any, name: str = "x", *, to_host: bool = False) -> Any:
         if hasattr(x, "__array__"):
             return x
         raise TypeError(f"{name}: cannot read {type(x).__name__} through DLPack: {e}") from None
+
+
+def as_array(x: Any, name: str = "x", *, carrier: bool = False) -> np.ndarray:
+    """``np.asarray(x)`` for entry points that take arrays of any library and read their values as they
+    are: torch/JAX/DLPack arrays through :func:`host_array` (exactly; clear errors for the kinds it
+    refuses), masked arrays refused with a ``TypeError`` (``np.asarray`` would drop the mask and the
+    masked values would be used). ``carrier=True``: an ml_dtypes float of 16 bits or fewer (bfloat16,
+    the float8/6/4 types: from NumPy, torch or JAX) comes back as float32, which holds each exactly."""
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(f"{name}: masked arrays are not supported (the mask would be ignored); pass "
+                        f"{name}.filled(value) or {name}.compressed()")
+    a = np.asarray(host_array(x, name))
+    if carrier and a.dtype.kind == "V" and a.dtype.names is None and a.dtype.itemsize <= 2:
+        try:
+            a = a.astype(np.float32)
+        except (TypeError, ValueError):  # a plain void dtype: the caller refuses it by its dtype
+            pass
+    return a
 
 
 # --------------------------------------------------------------------------------------------- output

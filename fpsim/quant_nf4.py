@@ -55,7 +55,7 @@ import numpy as np
 
 from ._checks import check_bool, check_int
 from ._fpenv import ieee_mode
-from ._interop import host_array
+from ._interop import as_array
 from ._names import parse_name
 from .formats import FormatLike, as_format
 from .rounding import round as _round
@@ -137,7 +137,7 @@ def torch_float32_sum(x: Any, *, lanes: int = 8) -> np.float32:
     >>> float(torch_float32_sum(np.float32([0.1, 0.2, 0.3])))
     0.6000000238418579
     """
-    a = np.ascontiguousarray(host_array(x), dtype=_F).reshape(-1)
+    a = np.ascontiguousarray(as_array(x, "x"), dtype=_F).reshape(-1)
     lanes = check_int(lanes, "lanes", lo=1)
     n = a.size
     if n < lanes:
@@ -324,7 +324,7 @@ def _blocksize(blocksize: Any) -> int:
 
 
 def _as_f32(x: Any, what: str) -> np.ndarray:
-    a = np.asarray(host_array(x))
+    a = as_array(x, what)
     if a.dtype.kind not in "fiu" and a.dtype.name not in ("bfloat16",):
         if not a.dtype.name.startswith("float"):
             raise TypeError(f"{what} must be a float array, got dtype {a.dtype}")

@@ -507,3 +507,47 @@ def test_all_reduce_edge_cases(alg):
             all_reduce([bad, bad], algorithm=alg)
     with pytest.raises(ValueError, match="at least one"):
         all_reduce([], algorithm=alg)
+
+
+# ------------------------------------------------------- masked arrays and bf16 at the other entry points
+
+
+def _entry_points():
+    from fpsim.nn.flash import flash_attention, fp8_attention, reference_attention
+    from fpsim.nn.lora import lora_init, lora_linear_forward
+    from fpsim.quant import nf4_quantize
+    from fpsim.quant_nf4 import torch_float32_sum
+
+    rng = np.random.default_rng(10)
+    q = rng.standard_normal((1, 2, 8, 4)).astype(np.float32)
+    w = rng.standard_normal((8, 3)).astype(np.float32)
+    A, B = lora_init(8, 3, 2, rng=rng)
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    return {
+        "flash_attention": (lambda a: flash_attention(a, q, q)[0], q),
+        "reference_attention": (lambda a: reference_attention(a, q, q), q),
+        "fp8_attention": (lambda a: fp8_attention(a, q, q), q),
+        "nf4_quantize": (lambda a: nf4_quantize(a, 64)[0], q.reshape(-1)),
+        "torch_float32_sum": (lambda a: torch_float32_sum(a), q.reshape(-1)),
+        "lora_linear_forward": (lambda a: lora_linear_forward(a, w, None, A, B, 2.0)[0], x),
+    }
+
+
+@pytest.mark.parametrize("name", ["flash_attention", "reference_attention", "fp8_attention", "nf4_quantize",
+                                  "torch_float32_sum", "lora_linear_forward"])
+def test_masked_input_refused(name):
+    f, a = _entry_points()[name]
+    with pytest.raises(TypeError, match="masked"):
+        f(np.ma.masked_array(a, mask=a > 1))
+
+
+@pytest.mark.parametrize("name", ["flash_attention", "nf4_quantize", "lora_linear_forward"])
+def test_bf16_input_read_exactly(name):
+    import ml_dtypes
+
+    torch = pytest.importorskip("torch")
+    f, a = _entry_points()[name]
+    a16 = a.astype(ml_dtypes.bfloat16)
+    want = f(a16.astype(np.float32))
+    np.testing.assert_array_equal(f(a16), want)
+    np.testing.assert_array_equal(f(torch.from_numpy(a16.astype(np.float32)).bfloat16()), want)

@@ -49,6 +49,7 @@ import numpy as np
 
 from .._checks import check_bool, check_int, check_real
 from .._fpenv import ieee_mode
+from .._interop import as_array
 from .._names import norm_name
 from ..formats import Format, as_format
 from ..rounding import round as fround
@@ -178,7 +179,7 @@ def _mm(prec: Precision, a: np.ndarray, b: np.ndarray, site: str, c: np.ndarray 
 # ----------------------------------------------------------------------------------------------- checks
 
 def _check_qkv(q: Any, k: Any, v: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    q, k, v = (np.asarray(a) for a in (q, k, v))
+    q, k, v = (as_array(a, n, carrier=True) for a, n in ((q, "q"), (k, "k"), (v, "v")))
     for name, a in (("q", q), ("k", k), ("v", v)):
         if a.dtype.kind != "f":
             raise TypeError(f"{name} must be a float array, got dtype {a.dtype}")
@@ -355,7 +356,7 @@ def flash_attention_grads(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, 
     """
     q, k, v = _check_qkv(q, k, v)
     prec = _check_prec(prec)
-    do, o, lse = np.asarray(do), np.asarray(o), np.asarray(lse)
+    do, o, lse = (as_array(a, n, carrier=True) for a, n in ((do, "do"), (o, "o"), (lse, "lse")))
     if do.shape != q.shape or o.shape != q.shape:
         raise ValueError(f"do and o must have q's shape {q.shape}, got {do.shape} and {o.shape}")
     if lse.shape != q.shape[:3]:

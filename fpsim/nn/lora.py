@@ -39,6 +39,7 @@ import numpy as np
 
 from .._checks import check_int, check_real
 from .._fpenv import ieee_mode
+from .._interop import as_array
 from .precision import Precision, current_precision
 
 __all__ = ["LORA_SITES", "LoRAPrecision", "lora_init", "lora_linear_backward", "lora_linear_forward"]
@@ -64,7 +65,7 @@ def lora_init(c_in: int, c_out: int, r: int, rng: np.random.Generator | None = N
 
 def _float_array(a: Any, name: str) -> np.ndarray:
     """``a`` as a real numeric array (TypeError naming it otherwise: a str, bool or object array)."""
-    arr = np.asarray(a)
+    arr = as_array(a, name, carrier=True)
     if arr.dtype.kind not in "fiu":
         raise TypeError(f"{name} must be a real float array, got {type(a).__name__} of dtype {arr.dtype}")
     return arr
