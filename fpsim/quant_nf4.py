@@ -330,7 +330,8 @@ def _as_f32(x: Any, what: str) -> np.ndarray:
             raise TypeError(f"{what} must be a float array, got dtype {a.dtype}")
     if a.dtype.kind in "iub":
         raise TypeError(f"{what} must be a float array, got dtype {a.dtype}")
-    return np.asarray(a, dtype=_F)
+    with np.errstate(over="ignore"):  # float64 beyond float32's range: +-inf, as torch's .float()
+        return np.asarray(a, dtype=_F)
 
 
 @ieee_mode

@@ -551,3 +551,15 @@ def test_bf16_input_read_exactly(name):
     want = f(a16.astype(np.float32))
     np.testing.assert_array_equal(f(a16), want)
     np.testing.assert_array_equal(f(torch.from_numpy(a16.astype(np.float32)).bfloat16()), want)
+
+
+def test_nf4_float64_beyond_float32_and_all_nan():
+    from fpsim.quant import nf4_dequantize, nf4_quantize
+
+    x = np.ones(128)
+    x[3] = 1e300                                   # float32 +inf after the cast, no RuntimeWarning
+    c, a = nf4_quantize(x, 64, True)
+    d = nf4_dequantize(c, a, 64)
+    assert np.isfinite(d[64:]).all() and not np.isfinite(d[3])
+    c, a = nf4_quantize(np.full(128, np.nan, np.float32), 64, True)
+    assert np.isnan(nf4_dequantize(c, a, 64)).all()
