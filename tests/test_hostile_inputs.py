@@ -563,3 +563,16 @@ def test_nf4_float64_beyond_float32_and_all_nan():
     assert np.isfinite(d[64:]).all() and not np.isfinite(d[3])
     c, a = nf4_quantize(np.full(128, np.nan, np.float32), 64, True)
     assert np.isnan(nf4_dequantize(c, a, 64)).all()
+
+
+@pytest.mark.parametrize("cls", ["AdamW", "SGD"])
+def test_optimizer_load_state_dict_checked(cls):
+    opt = getattr(fpsim.amp, cls)()
+    key = "m.w" if cls == "AdamW" else "buf.w"
+    for d, exc, words in (({key: np.zeros(2)}, ValueError, "no step count"), ({"t": 2.5}, ValueError, "whole"),
+                          ({"t": -1}, ValueError, "whole"), ([("t", 1)], TypeError, "mapping"),
+                          ({"t": 1, key: np.array(["a"])}, TypeError, "real array")):
+        with pytest.raises(exc, match=words):
+            opt.load_state_dict(d)
+    opt.load_state_dict({"t": np.int64(3), key: np.ones(2)})
+    assert opt.t == 3 and opt.state_dict()["t"] == 3

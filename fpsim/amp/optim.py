@@ -137,8 +137,9 @@ class SGD:
         return d
 
     def load_state_dict(self, d: Mapping[str, np.ndarray]) -> None:
-        self.state = {k[4:]: np.asarray(v, _F32).copy() for k, v in d.items() if k.startswith("buf.")}
-        self.t = int(d["t"])
+        t = _state_step(d, "SGD")
+        self.state = {k[4:]: _state_array(v, "SGD", k) for k, v in d.items() if k.startswith("buf.")}
+        self.t = t
 
 
 class AdamW:
@@ -249,8 +250,30 @@ class AdamW:
         return d
 
     def load_state_dict(self, d: Mapping[str, np.ndarray]) -> None:
-        self.state = {k: np.asarray(v, _F32).copy() for k, v in d.items() if k != "t"}
-        self.t = int(d["t"])
+        t = _state_step(d, "AdamW")
+        self.state = {k: _state_array(v, "AdamW", k) for k, v in d.items() if k != "t"}
+        self.t = t
+
+
+def _state_step(d: object, who: str) -> int:
+    """The step count of a state dict (a KeyError or a silent truncation of 2.5 before)."""
+    if not isinstance(d, Mapping):
+        raise TypeError(f"{who}.load_state_dict needs a mapping (from state_dict()), got {type(d).__name__}")
+    if "t" not in d:
+        raise ValueError(f"{who}.load_state_dict: the state has no step count 't' (keys: {sorted(d)[:8]})")
+    t = np.asarray(d["t"])
+    if t.size != 1 or t.dtype.kind not in "iuf" or not float(t.reshape(())) >= 0 or \
+            float(t.reshape(())) != int(t.reshape(())):
+        raise ValueError(f"{who}.load_state_dict: 't' must be a whole number >= 0, got {d['t']!r}")
+    return int(t.reshape(()))
+
+
+def _state_array(v: object, who: str, key: str) -> np.ndarray:
+    a = np.asarray(v)
+    if isinstance(v, np.ma.MaskedArray) or a.dtype.kind not in "iuf":
+        raise TypeError(f"{who}.load_state_dict: {key!r} must be a real array, got {type(v).__name__}"
+                        f"{' of dtype ' + str(a.dtype) if isinstance(v, np.ndarray) else ''}")
+    return np.array(a, _F32)
 
 
 def _bool(who: str, name: str, v: object) -> None:
