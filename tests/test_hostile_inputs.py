@@ -576,3 +576,18 @@ def test_optimizer_load_state_dict_checked(cls):
             opt.load_state_dict(d)
     opt.load_state_dict({"t": np.int64(3), key: np.ones(2)})
     assert opt.t == 3 and opt.state_dict()["t"] == 3
+
+
+def test_ddp_all_reduce_per_parameter_checks():
+    from fpsim.train.parallel import ddp_all_reduce
+
+    f = np.float32
+    with pytest.raises(ValueError, match=r"per_rank_grads\[\.\.\.\]\['w'\].*same shape.*\(2, 3\), \(3, 2\)"):
+        ddp_all_reduce([{"w": np.ones((2, 3), f)}, {"w": np.ones((3, 2), f)}])   # same size, transposed
+    with pytest.raises(TypeError, match=r"per_rank_grads\[1\]\['w'\] is a masked array"):
+        ddp_all_reduce([{"w": np.ones(2, f)}, {"w": np.ma.masked_array([1.0, 2.0], mask=[0, 1])}])
+    with pytest.raises(TypeError, match=r"per_rank_grads\[0\]\['w'\] must hold real numbers, got dtype bool"):
+        ddp_all_reduce([{"w": np.ones(2, bool)}] * 2)
+    out = ddp_all_reduce([{"w": np.array([1e300])}] * 2)                  # float32 +inf, no RuntimeWarning
+    assert np.isinf(out["w"]).all()
+    np.testing.assert_array_equal(ddp_all_reduce([{"w": f([1.5, 2.0])}] * 4)["w"], [1.5, 2.0])
