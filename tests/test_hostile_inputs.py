@@ -591,3 +591,23 @@ def test_ddp_all_reduce_per_parameter_checks():
     out = ddp_all_reduce([{"w": np.array([1e300])}] * 2)                  # float32 +inf, no RuntimeWarning
     assert np.isinf(out["w"]).all()
     np.testing.assert_array_equal(ddp_all_reduce([{"w": f([1.5, 2.0])}] * 4)["w"], [1.5, 2.0])
+
+
+def test_lora_and_flash_backward_checks():
+    from fpsim.nn.flash import flash_attention_backward, flash_attention_forward
+    from fpsim.nn.lora import lora_linear_backward, lora_linear_forward
+
+    x, w, A, B = _lora_parts()
+    out, cache = lora_linear_forward(x, w, None, A, B, 2.0)
+    for bad in (np.ones((2, 5), np.float32), np.ones((3, 3), np.float32), np.ones(3, np.float32)):
+        with pytest.raises(ValueError, match=r"dout must have the forward output's shape \(2, 3\)"):
+            lora_linear_backward(bad, cache)
+    with pytest.raises(TypeError, match="cache"):
+        lora_linear_backward(np.ones((2, 3), np.float32), None)
+    dx, dA, dB = lora_linear_backward(np.ones((2, 3), np.float32), cache)
+    assert dx.shape == x.shape and dA.shape == A.shape and dB.shape == B.shape
+    rng = np.random.default_rng(11)
+    _, fcache = flash_attention_forward(rng.standard_normal((2, 3, 8)), rng.standard_normal((8, 24)), None,
+                                        rng.standard_normal((8, 8)), None, 2)
+    with pytest.raises(TypeError, match="cache"):
+        flash_attention_backward(np.ones((2, 3, 8)), {})

@@ -444,6 +444,9 @@ def flash_attention_forward(x: np.ndarray, w_qkv: np.ndarray, b_qkv: np.ndarray 
 @ieee_mode
 def flash_attention_backward(dout: np.ndarray, cache: Any) -> dict[str, Any]:
     """Gradients ``{"x", "w_qkv", "b_qkv", "w_proj", "b_proj"}`` from dout (B, T, C), recomputing P."""
+    if not isinstance(cache, dict) or "shape" not in cache:
+        raise TypeError(f"cache must be the second value flash_attention_forward returned, got "
+                        f"{type(cache).__name__}")
     B, T, C, nh, hd = cache["shape"]
     bq, bk, c, scale = cache["tiles"]
     prec, site = cache["prec"], cache["site"]

@@ -124,13 +124,19 @@ def lora_linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, A: n
     scale = check_real(scale, "scale")
     shape = x.shape
     out, c = _lora_matmul(prec, x.reshape(-1, shape[-1]), w, b, A, B, scale, site, "linear")
-    return out.reshape(*shape[:-1], w.shape[1]), (c, shape, prec, b is not None)
+    return out.reshape(*shape[:-1], w.shape[1]), (c, shape, prec, b is not None, w.shape[1])
 
 
 @ieee_mode
 def lora_linear_backward(dout: np.ndarray, cache: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dx (..., Cin), dA (r, Cin), dB (Cout, r)); the base weight and bias are frozen (no gradient)."""
-    c, shape, prec, _ = cache
+    if not (isinstance(cache, tuple) and len(cache) == 5):
+        raise TypeError(f"cache must be the second value lora_linear_forward returned, got {type(cache).__name__}")
+    c, shape, prec, _, c_out = cache
+    dout = as_array(dout, "dout", carrier=True)
+    want = (*shape[:-1], c_out)
+    if dout.shape != want:
+        raise ValueError(f"dout must have the forward output's shape {want}, got {dout.shape}")
     dx, dA, dB, _ = _lora_matmul_backward(prec, dout.reshape(-1, dout.shape[-1]), c)
     return dx.reshape(shape), dA, dB
 
