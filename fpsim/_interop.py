@@ -125,6 +125,9 @@ def _torch_to_numpy(t: Any, name: str, to_host: bool) -> np.ndarray:
         raise TypeError(f"{name}: cannot read this {type(t).__name__} ({t.dtype}) as a NumPy array: {why}. "
                         f"fpsim needs a plain CPU tensor with storage (outside torch.vmap, torch.func "
                         f"transforms, torch.compile tracing and FakeTensorMode)") from None
+    except TypeError as e:  # a dtype NumPy lacks and fpsim does not read through its bits (bits8, uint1..7)
+        raise TypeError(f"{name}: torch dtype {t.dtype} has no NumPy equivalent ({str(e).rstrip('.')}); fpsim "
+                        f"reads the float (bfloat16, float8, float4_e2m1fn_x2 included) and integer dtypes") from None
 
 
 def _refuse_torch_kind(t: Any, name: str) -> None:

@@ -611,3 +611,9 @@ def test_lora_and_flash_backward_checks():
                                         rng.standard_normal((8, 8)), None, 2)
     with pytest.raises(TypeError, match="cache"):
         flash_attention_backward(np.ones((2, 3, 8)), {})
+
+
+def test_torch_dtype_without_numpy_equivalent_named():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match="torch dtype torch.bits8 has no NumPy equivalent"):
+        fpsim.round(torch.zeros(2, dtype=torch.uint8).view(torch.bits8), "bf16")
