@@ -75,8 +75,8 @@ def check_out(out: object, shape: tuple[int, ...], dtype: Any, what: str = "out"
     """``out`` as the ndarray a function writes its result into, as NumPy ufuncs take ``out=``.
 
     It must be a writeable :class:`numpy.ndarray` of exactly `shape` and `dtype` (no casting: the
-    result's bits are stored as they are). It may be one of the inputs (in-place operation); callers
-    read every input before they write.
+    result's bits are stored as they are); masked arrays and ``numpy.matrix`` raise ``TypeError``. It may
+    be one of the inputs (in-place operation); callers read every input before they write.
 
     >>> import numpy as np
     >>> check_out(np.empty(3, np.float32), (3,), np.float32).shape
@@ -88,6 +88,14 @@ def check_out(out: object, shape: tuple[int, ...], dtype: Any, what: str = "out"
     """
     if not isinstance(out, np.ndarray):
         raise TypeError(f"{what} must be a numpy.ndarray, got {type(out).__name__}: {out!r}")
+    # Subclasses whose elements do not behave as plain ones: a masked array's mask would hide (or keep
+    # hiding) results written under it, and a matrix is always 2-D (reshape(-1) gives (1, n)).
+    if isinstance(out, np.ma.MaskedArray):
+        raise TypeError(f"{what} must be a plain numpy.ndarray, got a masked array (its mask would be "
+                        f"ignored); pass {what}.data, or a new array and apply the mask afterwards")
+    if isinstance(out, np.matrix):
+        raise TypeError(f"{what} must be a plain numpy.ndarray, got a numpy.matrix (always 2-D); pass "
+                        f"np.asarray({what})")
     want = np.dtype(dtype)
     if out.dtype != want:
         raise ValueError(f"{what} has dtype {out.dtype}; this result is {want} (pass an array of that dtype)")

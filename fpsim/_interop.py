@@ -11,6 +11,9 @@ Input (:func:`host_array`, called first by ``rounding._as_float_array``, which e
 - JAX arrays on CPU (``np.asarray``: bfloat16 and float8 arrive as ml_dtypes types).
 - Array API arrays (``array_api_strict`` ...) and any other object with ``__dlpack__`` on the CPU
   (``np.from_dlpack``; ``np.asarray`` where that fails and the object has ``__array__``).
+- Refused with a :class:`TypeError` naming the kind and the fix: nested, sparse (COO, CSR, ...),
+  quantized and ``complex32`` torch tensors, tensors without storage (inside ``torch.vmap``/``torch.func``,
+  fake tensors), raw DLPack capsules.
 - Device arrays are refused with a :class:`TypeError` naming the way to move them to the host
   (``t.cpu()``, ``jax.device_get(x)``, ``cupy.asnumpy(x)``): fpsim computes on the CPU, and a silent
   device-to-host round trip inside every call would hide a cost the caller should see. The assertion
@@ -37,7 +40,7 @@ from typing import Any, TypeVar, cast, overload
 
 import numpy as np
 
-__all__ = ["host_array", "returns_input_kind", "input_kind", "TORCH_FORMATS"]
+__all__ = ["as_array", "host_array", "returns_input_kind", "input_kind", "TORCH_FORMATS"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -114,7 +117,39 @@ def _torch_to_numpy(t: Any, name: str, to_host: bool) -> np.ndarray:
             raise _refuse_device(name, f"a torch tensor on {dev}", f"pass {name}.cpu()")
         t = t.detach().cpu()
     torch = sys.modules["torch"]  # the object exists, so torch is imported already
-    t = t.detach().resolve_conj().resolve_neg()  # bool and complex pass: the caller refuses or accepts them
+    _refuse_torch_kind(t, name)
+    try:
+        return _torch_dense_to_numpy(t, name, torch)
+    except RuntimeError as e:  # functorch/vmap wrappers, fake and other storage-less tensors
+        why = str(e).rstrip(".")
+        raise TypeError(f"{name}: cannot read this {type(t).__name__} ({t.dtype}) as a NumPy array: {why}. "
+                        f"fpsim needs a plain CPU tensor with storage (outside torch.vmap, torch.func "
+                        f"transforms, torch.compile tracing and FakeTensorMode)") from None
+    except TypeError as e:  # a dtype NumPy lacks and fpsim does not read through its bits (bits8, uint1..7)
+        raise TypeError(f"{name}: torch dtype {t.dtype} has no NumPy equivalent ({str(e).rstrip('.')}); fpsim "
+                        f"reads the float (bfloat16, float8, float4_e2m1fn_x2 included) and integer dtypes") from None
+
+
+def _refuse_torch_kind(t: Any, name: str) -> None:
+    """TypeError naming the kind of torch tensor NumPy cannot view element by element (torch's own
+    errors there are internal or name the wrong fix)."""
+    torch = sys.modules["torch"]
+    if getattr(t, "is_nested", False):
+        raise TypeError(f"{name}: a nested (ragged) torch tensor has no single shape; pass its components "
+                        f"one by one ({name}.unbind()) or a padded dense tensor ({name}.to_padded_tensor(0.0))")
+    layout = getattr(t, "layout", torch.strided)
+    if layout != torch.strided:
+        raise TypeError(f"{name}: a torch tensor with layout {layout} is not supported (dense, strided tensors "
+                        f"are); pass {name}.to_dense()")
+    if getattr(t, "is_quantized", False):
+        raise TypeError(f"{name}: a quantized torch tensor ({t.dtype}) is not supported; pass "
+                        f"{name}.dequantize() (or {name}.int_repr() for the stored integers)")
+    if t.dtype == getattr(torch, "complex32", None):  # other complex dtypes: the caller refuses or accepts
+        raise TypeError(f"{name}: torch.complex32 has no NumPy dtype (and fpsim takes real values)")
+
+
+def _torch_dense_to_numpy(t: Any, name: str, torch: Any) -> np.ndarray:
+    t = t.detach().resolve_conj().resolve_neg()  # bool passes: the caller refuses it
     spec = TORCH_FORMATS.get(str(t.dtype).removeprefix("torch."))
     if spec is None:
         a: np.ndarray = t.numpy()  # float16/32/64 and the integer types: NumPy has them (a view)
@@ -176,6 +211,9 @@ def host_array(x: Any, name: str = "x", *, to_host: bool = False) -> Any:
             raise _refuse_device(name, "a CuPy array (GPU memory)", f"pass cupy.asnumpy({name})")
         return np.asarray(x.get())
     if not hasattr(x, "__dlpack__"):
+        if type(x).__name__ == "PyCapsule":  # np.from_dlpack takes the producer, not its capsule
+            raise TypeError(f"{name}: a raw DLPack capsule cannot be read (it is consumed once and NumPy takes "
+                            f"the object with __dlpack__); pass the array itself, or torch.from_dlpack(capsule)")
         if hasattr(x, "__cuda_array_interface__") and not to_host:  # numba/pycuda device arrays
             raise _refuse_device(name, f"a {type(x).__name__} in GPU memory (__cuda_array_interface__)",
                                  "copy it to host memory first (e.g. its copy_to_host())")
@@ -193,6 +231,24 @@ def host_array(x: Any, name: str = "x", *, to_host: bool = False) -> Any:
         if hasattr(x, "__array__"):
             return x
         raise TypeError(f"{name}: cannot read {type(x).__name__} through DLPack: {e}") from None
+
+
+def as_array(x: Any, name: str = "x", *, carrier: bool = False) -> np.ndarray:
+    """``np.asarray(x)`` for entry points that take arrays of any library and read their values as they
+    are: torch/JAX/DLPack arrays through :func:`host_array` (exactly; clear errors for the kinds it
+    refuses), masked arrays refused with a ``TypeError`` (``np.asarray`` would drop the mask and the
+    masked values would be used). ``carrier=True``: an ml_dtypes float of 16 bits or fewer (bfloat16,
+    the float8/6/4 types: from NumPy, torch or JAX) comes back as float32, which holds each exactly."""
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(f"{name}: masked arrays are not supported (the mask would be ignored); pass "
+                        f"{name}.filled(value) or {name}.compressed()")
+    a = np.asarray(host_array(x, name))
+    if carrier and a.dtype.kind == "V" and a.dtype.names is None and a.dtype.itemsize <= 2:
+        try:
+            a = a.astype(np.float32)
+        except (TypeError, ValueError):  # a plain void dtype: the caller refuses it by its dtype
+            pass
+    return a
 
 
 # --------------------------------------------------------------------------------------------- output

@@ -55,7 +55,7 @@ import numpy as np
 
 from ._checks import check_bool, check_int
 from ._fpenv import ieee_mode
-from ._interop import host_array
+from ._interop import as_array
 from ._names import parse_name
 from .formats import FormatLike, as_format
 from .rounding import round as _round
@@ -137,7 +137,7 @@ def torch_float32_sum(x: Any, *, lanes: int = 8) -> np.float32:
     >>> float(torch_float32_sum(np.float32([0.1, 0.2, 0.3])))
     0.6000000238418579
     """
-    a = np.ascontiguousarray(host_array(x), dtype=_F).reshape(-1)
+    a = np.ascontiguousarray(as_array(x, "x"), dtype=_F).reshape(-1)
     lanes = check_int(lanes, "lanes", lo=1)
     n = a.size
     if n < lanes:
@@ -282,7 +282,9 @@ class NF4Absmax(NamedTuple):
 
     ``codes`` uint8 (n_blocks,) indices into ``code``; ``absmax2`` float32 (ceil(n_blocks / blocksize2),)
     the second-level constants; ``offset`` the float32 mean subtracted first; ``code`` the 8-bit
-    :func:`dynamic_map`; ``blocksize2`` 256.
+    :func:`dynamic_map`; ``blocksize2`` 256; ``nonfinite`` None, or ``(indices, values)`` of the
+    first-level constants that are NaN or infinite (blocks holding a NaN or an infinity), kept exactly
+    outside the 8-bit codes so that they stay local to their block (see :func:`nf4_quantize`).
     """
 
     codes: np.ndarray
@@ -290,18 +292,24 @@ class NF4Absmax(NamedTuple):
     offset: np.float32
     code: np.ndarray
     blocksize2: int = 256
+    nonfinite: tuple[np.ndarray, np.ndarray] | None = None
 
     def dequantize(self) -> np.ndarray:
         """The first-level constants back: ``code[codes] * absmax2[block]`` then ``+ offset``, float32."""
         n = self.codes.size
         scale = np.repeat(self.absmax2, self.blocksize2)[:n]
         out: np.ndarray = ((self.code[self.codes] * scale).astype(_F) + self.offset).astype(_F)
+        if self.nonfinite is not None:
+            idx, vals = self.nonfinite
+            out[idx] = vals
         return out
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the arrays: the 8-bit codes, the float32 second-level constants and the offset."""
-        return int(self.codes.nbytes + self.absmax2.nbytes + 4)
+        """Bytes of the arrays: the 8-bit codes, the float32 second-level constants and the offset (and
+        the non-finite constants, where there are any)."""
+        extra = 0 if self.nonfinite is None else int(self.nonfinite[0].nbytes + self.nonfinite[1].nbytes)
+        return int(self.codes.nbytes + self.absmax2.nbytes + 4 + extra)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -316,13 +324,14 @@ def _blocksize(blocksize: Any) -> int:
 
 
 def _as_f32(x: Any, what: str) -> np.ndarray:
-    a = np.asarray(host_array(x))
+    a = as_array(x, what)
     if a.dtype.kind not in "fiu" and a.dtype.name not in ("bfloat16",):
         if not a.dtype.name.startswith("float"):
             raise TypeError(f"{what} must be a float array, got dtype {a.dtype}")
     if a.dtype.kind in "iub":
         raise TypeError(f"{what} must be a float array, got dtype {a.dtype}")
-    return np.asarray(a, dtype=_F)
+    with np.errstate(over="ignore"):  # float64 beyond float32's range: +-inf, as torch's .float()
+        return np.asarray(a, dtype=_F)
 
 
 @ieee_mode
@@ -377,7 +386,11 @@ def nf4_quantize(x: Any, blocksize: int = 64, double_quant: bool = False, *, pac
         Elements per absmax constant: one of 32, 64, 128, ..., 4096 (bitsandbytes' choices).
     double_quant : bool
         Quantize the absmax constants too (``compress_statistics=True``): ``absmax`` is then an
-        :class:`NF4Absmax`.
+        :class:`NF4Absmax`. A block holding a NaN or an infinity has a non-finite constant: bitsandbytes
+        then makes the mean, and so every block, NaN; here (the one departure from its bits) the mean and
+        the 8-bit codes are those of the finite constants and the non-finite ones are kept exactly
+        (``NF4Absmax.nonfinite``), so the block dequantizes as it would without double quantization
+        and every other block is unaffected. Inputs without NaN or infinity give bitsandbytes' bits.
     packed : bool
         ``False`` (default): one code per uint8 in ``x``'s shape. ``True``: bitsandbytes' storage, two
         codes per byte, flat (ceil(n/2),) (see :func:`nf4_pack`).
@@ -412,7 +425,7 @@ def nf4_quantize(x: Any, blocksize: int = 64, double_quant: bool = False, *, pac
         raise ValueError("nf4_quantize needs at least one element, got an empty array")
     rem = n % bs
     full = n - rem
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):  # an infinite absmax: inf * 0 and inf / inf are NaN
         blocks = flat[:full].reshape(-1, bs)                                  # (nb, bs)
         absmax = np.abs(blocks).max(axis=1).astype(_F) if full else np.zeros(0, _F)
         inv = (_F(1) / np.maximum(absmax, _F(1e-38))).astype(_F)              # reciprocal, then multiply
@@ -426,9 +439,19 @@ def nf4_quantize(x: Any, blocksize: int = 64, double_quant: bool = False, *, pac
     out_codes = nf4_pack(codes) if packed else codes.reshape(shape)
     if not double_quant:
         return out_codes, absmax
-    offset = _F(torch_float32_sum(absmax) / _F(absmax.size))
-    q, a2 = _quantize_blockwise8((absmax - offset).astype(_F), 256, search)
-    return out_codes, NF4Absmax(q, a2, offset, _DYN)
+    fin = np.isfinite(absmax)
+    if fin.all():
+        offset = _F(torch_float32_sum(absmax) / _F(absmax.size))
+        q, a2 = _quantize_blockwise8((absmax - offset).astype(_F), 256, search)
+        return out_codes, NF4Absmax(q, a2, offset, _DYN)
+    # A NaN or infinite constant (its block holds one) would make the mean, and through it every constant,
+    # NaN (as bitsandbytes does); here the statistics are those of the finite constants and the others are
+    # kept exactly, so a non-finite value stays local to its block.
+    nfin = int(fin.sum())
+    offset = _F(torch_float32_sum(absmax[fin]) / _F(nfin)) if nfin else _F(0)
+    q, a2 = _quantize_blockwise8(np.where(fin, absmax - offset, _F(0)).astype(_F), 256, search)
+    bad = np.flatnonzero(~fin)
+    return out_codes, NF4Absmax(q, a2, offset, _DYN, 256, (bad, absmax[bad].copy()))
 
 
 @ieee_mode
@@ -462,7 +485,8 @@ def nf4_dequantize(codes: Any, absmax: Any, blocksize: int = 64, *, shape: Any =
     nb = -(-flat.size // bs)
     if am.size != nb:
         raise ValueError(f"absmax has {am.size} constants; {flat.size} codes at blocksize {bs} need {nb}")
-    out: np.ndarray = (NF4[flat] * np.repeat(am, bs)[: flat.size]).astype(_F).reshape(shp)
+    with np.errstate(invalid="ignore"):  # 0 * an infinite constant: NaN, as in bitsandbytes
+        out: np.ndarray = (NF4[flat] * np.repeat(am, bs)[: flat.size]).astype(_F).reshape(shp)
     if out_format is not None:
         out = np.asarray(_round(out, as_format(out_format)), dtype=_F)
     return out

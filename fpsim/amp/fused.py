@@ -45,6 +45,7 @@ writeable C-contiguous float32 NumPy array.
 
 from __future__ import annotations
 
+import bisect
 import math
 import numbers
 from collections.abc import Sequence
@@ -144,12 +145,16 @@ def _fma32_block(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
         return np.asarray(out)
 
 
-def _arrays(what: str, xs: object, n: int | None) -> list[np.ndarray]:
+def _arrays(what: str, xs: object, n: int | None, unused: str | None = None) -> list[np.ndarray]:
+    """``xs`` checked as a list of ``n`` writeable C-contiguous float32 arrays; ``unused`` names the option
+    under which the list must be empty (then ``n`` is 0)."""
     if isinstance(xs, np.ndarray) or not isinstance(xs, (list, tuple)):
         raise TypeError(f"{what} must be a list of float32 arrays, got {type(xs).__name__}")
     out = list(xs)
     if n is not None and len(out) != n:
-        raise ValueError(f"{what} has {len(out)} arrays, params has {n}")
+        if unused is not None and n == 0:
+            raise ValueError(f"{what} must be empty with {unused}, got {len(out)} arrays")
+        raise ValueError(f"{what} has {len(out)} arrays, params has {n} (one per parameter)")
     for i, a in enumerate(out):
         if not isinstance(a, np.ndarray):
             raise TypeError(f"{what}[{i}] must be a float32 NumPy array, got {type(a).__name__}")
@@ -158,6 +163,28 @@ def _arrays(what: str, xs: object, n: int | None) -> list[np.ndarray]:
         if not a.flags.c_contiguous or not a.flags.writeable:
             raise ValueError(f"{what}[{i}] must be a writeable C-contiguous array (it is updated in place)")
     return out
+
+
+def _disjoint(written: list[tuple[str, list[np.ndarray]]], steps: list[np.ndarray]) -> None:
+    """ValueError naming the two entries when arrays the step writes share memory (the same array given
+    twice, a gradient that is its parameter, overlapping views): each would see the other's update. All
+    are C-contiguous, so an array's memory is exactly [start, start + nbytes); the step counts are only
+    read and may be shared among themselves, not with a written array. O(n log n) in the arrays."""
+    spans = sorted((a.__array_interface__["data"][0], a.nbytes, f"{what}[{i}]")
+                   for what, xs in written for i, a in enumerate(xs) if a.nbytes)
+    end, last = -1, ""
+    for lo, nb, name in spans:
+        if lo < end:
+            raise ValueError(f"{last} and {name} share memory; every parameter, gradient and state array of a "
+                             f"fused step must be its own array (it is updated in place)")
+        if lo + nb > end:
+            end, last = lo + nb, name
+    starts = [lo for lo, _, _ in spans]
+    for i, a in enumerate(steps):
+        lo = a.__array_interface__["data"][0]
+        k = bisect.bisect_right(starts, lo + a.nbytes - 1) - 1   # the last written span starting inside or before
+        if a.nbytes and k >= 0 and spans[k][0] + spans[k][1] > lo:
+            raise ValueError(f"state_steps[{i}] shares memory with {spans[k][2]}, which the step updates")
 
 
 def _same_shapes(params: list[np.ndarray], what: str, xs: list[np.ndarray]) -> None:
@@ -171,8 +198,8 @@ def _real(what: str, v: object, lo: float | None = None, hi: float | None = None
         raise TypeError(f"{what} must be a real number, got {type(v).__name__}: {v!r}")
     f = float(v)
     if not math.isfinite(f) or (lo is not None and f < lo) or (hi is not None and (f >= hi if hi_open else f > hi)):
-        rng = f"[{lo}, {hi}{')' if hi_open else ']'}" if hi is not None else f">= {lo}"
-        raise ValueError(f"{what} must be a finite number {rng}, got {v!r}")
+        rng = f" [{lo}, {hi}{')' if hi_open else ']'}" if hi is not None else f" >= {lo}" if lo is not None else ""
+        raise ValueError(f"{what} must be a finite number{rng}, got {v!r}")
     return f
 
 
@@ -231,7 +258,8 @@ def fused_adamw_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], 
     ----------
     params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps : lists of float32 arrays
         Updated in place (``max_exp_avg_sqs`` empty unless ``amsgrad``; ``grads`` only with
-        ``grad_scale``). Shapes must agree; arrays must be writeable and C-contiguous.
+        ``grad_scale``). Shapes must agree; arrays must be writeable, C-contiguous and not share memory
+        with one another (``ValueError`` naming the two); ``state_steps`` hold counts >= 1.
     lr, beta1, beta2, weight_decay, eps : float
         Python floats (torch's ``double`` arguments).
     amsgrad, maximize : bool
@@ -264,17 +292,24 @@ def fused_adamw_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], 
     ms = _arrays("exp_avgs", exp_avgs, n)
     vs = _arrays("exp_avg_sqs", exp_avg_sqs, n)
     ams = _flag("amsgrad", amsgrad)
-    mx = _arrays("max_exp_avg_sqs", max_exp_avg_sqs, n if ams else 0)
+    mx = _arrays("max_exp_avg_sqs", max_exp_avg_sqs, n if ams else 0, "amsgrad=False")
     steps = _arrays("state_steps", state_steps, n)
     for what, xs in (("grads", gs), ("exp_avgs", ms), ("exp_avg_sqs", vs), ("max_exp_avg_sqs", mx)):
         _same_shapes(ps, what, xs)
     for i, s in enumerate(steps):
         if s.size != 1:
             raise ValueError(f"state_steps[{i}] must hold one number (the step count), got shape {s.shape}")
+        if not float(s.reshape(())) >= 1.0 or not math.isfinite(float(s.reshape(()))):
+            # torch.optim.AdamW counts from 1 (incremented before the step); 0 divides by zero, < 0 is sqrt(< 0)
+            raise ValueError(f"state_steps[{i}] must hold the step count, a finite number >= 1 (incremented "
+                             f"before the step, as torch.optim.AdamW does), got {float(s.reshape(()))!r}")
     lr_ = _real("lr", lr, 0.0)
     b1, b2 = _real("beta1", beta1, 0.0, 1.0, True), _real("beta2", beta2, 0.0, 1.0, True)
     wd, eps_ = _real("weight_decay", weight_decay, 0.0), _real("eps", eps, 0.0)
     maxi, dec = _flag("maximize", maximize), _flag("decoupled", decoupled)
+    _scalar32("grad_scale", grad_scale), _scalar32("found_inf", found_inf)
+    _disjoint([("params", ps), ("grads", gs), ("exp_avgs", ms), ("exp_avg_sqs", vs), ("max_exp_avg_sqs", mx)],
+              steps)
     if _unscale_and_skip(gs, grad_scale, found_inf):
         return
     one = _F32(1.0)
@@ -345,12 +380,14 @@ def fused_sgd_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray],
     n = len(ps)
     gs = _arrays("grads", grads, n)
     mom = _real("momentum", momentum, 0.0)
-    bufs = _arrays("momentum_buffer_list", momentum_buffer_list, n if mom != 0.0 else 0)
+    bufs = _arrays("momentum_buffer_list", momentum_buffer_list, n if mom != 0.0 else 0, "momentum=0")
     _same_shapes(ps, "grads", gs)
     _same_shapes(ps, "momentum_buffer_list", bufs)
     wd, lr_ = _real("weight_decay", weight_decay, 0.0), _real("lr", lr, 0.0)
     damp = _real("dampening", dampening)
     nest, maxi, first = _flag("nesterov", nesterov), _flag("maximize", maximize), _flag("is_first_step", is_first_step)
+    _scalar32("grad_scale", grad_scale), _scalar32("found_inf", found_inf)
+    _disjoint([("params", ps), ("grads", gs), ("momentum_buffer_list", bufs)], [])
     if _unscale_and_skip(gs, grad_scale, found_inf):
         return
     wdf, momf, keep, neg_lr = _F32(wd), _F32(mom), _F32(1.0 - damp), _F32(-lr_)

@@ -91,7 +91,7 @@ class SGD:
         See :meth:`AdamW.step` for ``grad_scale``, ``found_inf`` (fused only; ``grads`` are then unscaled in
         place, as torch's kernel does) and ``copy_format``.
         """
-        keys = _step_keys(params, grads, "SGD")
+        keys = _step_keys(params, grads, "SGD", lr)
         if not self.fused:
             return _unfused_step(self, params, grads, keys, lr, grad_scale, found_inf, copy_format)
         from .fused import fused_sgd_step
@@ -137,8 +137,9 @@ class SGD:
         return d
 
     def load_state_dict(self, d: Mapping[str, np.ndarray]) -> None:
-        self.state = {k[4:]: np.asarray(v, _F32).copy() for k, v in d.items() if k.startswith("buf.")}
-        self.t = int(d["t"])
+        t = _state_step(d, "SGD")
+        self.state = {k[4:]: _state_array(v, "SGD", k) for k, v in d.items() if k.startswith("buf.")}
+        self.t = t
 
 
 class AdamW:
@@ -191,7 +192,7 @@ class AdamW:
         ``copy_format`` (a format or name): also return the low-precision copy of every weight, rounded
         once (RNE) from the new master, as apex's O2 keeps it; None returns None.
         """
-        keys = _step_keys(params, grads, "AdamW")
+        keys = _step_keys(params, grads, "AdamW", lr)
         if not self.fused:
             return _unfused_step(self, params, grads, keys, lr, grad_scale, found_inf, copy_format)
         from .fused import fused_adamw_step
@@ -249,8 +250,30 @@ class AdamW:
         return d
 
     def load_state_dict(self, d: Mapping[str, np.ndarray]) -> None:
-        self.state = {k: np.asarray(v, _F32).copy() for k, v in d.items() if k != "t"}
-        self.t = int(d["t"])
+        t = _state_step(d, "AdamW")
+        self.state = {k: _state_array(v, "AdamW", k) for k, v in d.items() if k != "t"}
+        self.t = t
+
+
+def _state_step(d: object, who: str) -> int:
+    """The step count of a state dict (a KeyError or a silent truncation of 2.5 before)."""
+    if not isinstance(d, Mapping):
+        raise TypeError(f"{who}.load_state_dict needs a mapping (from state_dict()), got {type(d).__name__}")
+    if "t" not in d:
+        raise ValueError(f"{who}.load_state_dict: the state has no step count 't' (keys: {sorted(d)[:8]})")
+    t = np.asarray(d["t"])
+    if t.size != 1 or t.dtype.kind not in "iuf" or not float(t.reshape(())) >= 0 or \
+            float(t.reshape(())) != int(t.reshape(())):
+        raise ValueError(f"{who}.load_state_dict: 't' must be a whole number >= 0, got {d['t']!r}")
+    return int(t.reshape(()))
+
+
+def _state_array(v: object, who: str, key: str) -> np.ndarray:
+    a = np.asarray(v)
+    if isinstance(v, np.ma.MaskedArray) or a.dtype.kind not in "iuf":
+        raise TypeError(f"{who}.load_state_dict: {key!r} must be a real array, got {type(v).__name__}"
+                        f"{' of dtype ' + str(a.dtype) if isinstance(v, np.ndarray) else ''}")
+    return np.array(a, _F32)
 
 
 def _bool(who: str, name: str, v: object) -> None:
@@ -268,13 +291,26 @@ def _skipped(found_inf: np.ndarray | None) -> bool:
     return found_inf is not None and float(np.asarray(found_inf).reshape(())) == 1.0
 
 
-def _step_keys(params: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray], who: str) -> list[str]:
+def _step_keys(params: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray], who: str,
+               lr: object = None) -> list[str]:
     if not isinstance(params, Mapping) or not isinstance(grads, Mapping):
         raise TypeError(f"{who}.step needs params and grads as mappings of name -> float32 array")
     keys = [k for k in params if k in grads]
     extra = sorted(set(grads) - set(params))
     if extra:
         raise ValueError(f"{who}.step: gradients for unknown parameters {extra}")
+    if lr is not None:  # a per-step override (a schedule): the constructor's rule, lr >= 0 and finite
+        _numbers(f"{who}.step", lr=lr)
+        if not float(lr) >= 0:  # type: ignore[arg-type]
+            raise ValueError(f"{who}.step lr must be >= 0, got {lr!r}")
+    for k in keys:
+        g = grads[k]
+        if not isinstance(g, np.ndarray) or g.dtype.kind != "f":
+            raise TypeError(f"{who}.step: grads[{k!r}] must be a float NumPy array, got "
+                            f"{type(g).__name__}{f' of dtype {g.dtype}' if isinstance(g, np.ndarray) else ''}")
+        shape = getattr(params[k], "shape", None)
+        if g.shape != shape:
+            raise ValueError(f"{who}.step: grads[{k!r}] has shape {g.shape}, params[{k!r}] has {shape}")
     return keys
 
 

@@ -39,6 +39,15 @@ def _check_attention_input(x: Any, n_head: Any) -> tuple[np.ndarray, tuple[int, 
     return x, (B, T, C, n_head, hd)
 
 
+def _check_attention_weights(C: int, w_qkv: Any, b_qkv: Any, w_proj: Any, b_proj: Any) -> None:
+    """The projections' shapes for n_embd ``C`` (a ValueError naming the one that does not fit, rather
+    than a reshape error deep inside)."""
+    for name, a, want in (("w_qkv", w_qkv, (C, 3 * C)), ("b_qkv", b_qkv, (3 * C,)), ("w_proj", w_proj, (C, C)),
+                          ("b_proj", b_proj, (C,))):
+        if (a is not None or name[0] == "w") and np.shape(a) != want:
+            raise ValueError(f"{name} must have shape {want} for n_embd={C}, got {np.shape(a)}")
+
+
 def attention_forward(x: np.ndarray, w_qkv: np.ndarray, b_qkv: np.ndarray | None, w_proj: np.ndarray,
                       b_proj: np.ndarray | None, n_head: int, *, prec: Precision | None = None,
                       site: str = "attn", recompute_core: bool = False) -> tuple[np.ndarray, Any]:
@@ -60,6 +69,7 @@ def attention_forward(x: np.ndarray, w_qkv: np.ndarray, b_qkv: np.ndarray | None
     """
     prec = current_precision(prec)  # None: the innermost fpsim.amp.autocast's, else FULL
     x, (B, T, C, n_head, hd) = _check_attention_input(x, n_head)
+    _check_attention_weights(C, w_qkv, b_qkv, w_proj, b_proj)
     recompute_core = check_bool(recompute_core, "recompute_core")
     qkv, c_qkv = linear_forward(x, w_qkv, b_qkv, prec=prec, site=f"{site}.qkv")        # (B, T, 3C)
     qkv = qkv.reshape(B, T, 3, n_head, hd).transpose(2, 0, 3, 1, 4)                  # (3, B, nh, T, hd)

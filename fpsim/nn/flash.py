@@ -50,10 +50,11 @@ import numpy as np
 from .._blas import matmul as _blas_matmul
 from .._checks import check_bool, check_int, check_real
 from .._fpenv import ieee_mode
+from .._interop import as_array
 from .._names import norm_name
 from ..formats import Format, as_format
 from ..rounding import round as fround
-from .attention import _check_attention_input
+from .attention import _check_attention_input, _check_attention_weights
 from .layers import linear_backward, linear_forward, softmax_forward
 from .precision import FULL, Precision, _matmul_grads, current_precision
 
@@ -179,7 +180,7 @@ def _mm(prec: Precision, a: np.ndarray, b: np.ndarray, site: str, c: np.ndarray 
 # ----------------------------------------------------------------------------------------------- checks
 
 def _check_qkv(q: Any, k: Any, v: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    q, k, v = (np.asarray(a) for a in (q, k, v))
+    q, k, v = (as_array(a, n, carrier=True) for a, n in ((q, "q"), (k, "k"), (v, "v")))
     for name, a in (("q", q), ("k", k), ("v", v)):
         if a.dtype.kind != "f":
             raise TypeError(f"{name} must be a float array, got dtype {a.dtype}")
@@ -356,7 +357,7 @@ def flash_attention_grads(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, *, 
     """
     q, k, v = _check_qkv(q, k, v)
     prec = _check_prec(prec)
-    do, o, lse = np.asarray(do), np.asarray(o), np.asarray(lse)
+    do, o, lse = (as_array(a, n, carrier=True) for a, n in ((do, "do"), (o, "o"), (lse, "lse")))
     if do.shape != q.shape or o.shape != q.shape:
         raise ValueError(f"do and o must have q's shape {q.shape}, got {do.shape} and {o.shape}")
     if lse.shape != q.shape[:3]:
@@ -426,6 +427,7 @@ def flash_attention_forward(x: np.ndarray, w_qkv: np.ndarray, b_qkv: np.ndarray 
     (True, ['k', 'lse', 'o', 'q', 'v'])
     """
     x, (B, T, C, n_head, hd) = _check_attention_input(x, n_head)
+    _check_attention_weights(C, w_qkv, b_qkv, w_proj, b_proj)
     prec = _check_prec(current_precision(prec))  # None: the innermost fpsim.amp.autocast's, else FULL
     bq, bk, c, scale = _opts(block_q, block_k, causal, None, hd)
     qkv, c_qkv = linear_forward(x, w_qkv, b_qkv, prec=prec, site=f"{site}.qkv")        # (B, T, 3C)
@@ -443,6 +445,9 @@ def flash_attention_forward(x: np.ndarray, w_qkv: np.ndarray, b_qkv: np.ndarray 
 @ieee_mode
 def flash_attention_backward(dout: np.ndarray, cache: Any) -> dict[str, Any]:
     """Gradients ``{"x", "w_qkv", "b_qkv", "w_proj", "b_proj"}`` from dout (B, T, C), recomputing P."""
+    if not isinstance(cache, dict) or "shape" not in cache:
+        raise TypeError(f"cache must be the second value flash_attention_forward returned, got "
+                        f"{type(cache).__name__}")
     B, T, C, nh, hd = cache["shape"]
     bq, bk, c, scale = cache["tiles"]
     prec, site = cache["prec"], cache["site"]

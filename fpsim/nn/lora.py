@@ -39,6 +39,7 @@ import numpy as np
 
 from .._checks import check_int, check_real
 from .._fpenv import ieee_mode
+from .._interop import as_array
 from .precision import Precision, current_precision
 
 __all__ = ["LORA_SITES", "LoRAPrecision", "lora_init", "lora_linear_backward", "lora_linear_forward"]
@@ -62,7 +63,26 @@ def lora_init(c_in: int, c_out: int, r: int, rng: np.random.Generator | None = N
     return A, np.zeros((c_out, r), dtype)
 
 
+def _float_array(a: Any, name: str) -> np.ndarray:
+    """``a`` as a real numeric array (TypeError naming it otherwise: a str, bool or object array)."""
+    arr = as_array(a, name, carrier=True)
+    if arr.dtype.kind not in "fiu":
+        raise TypeError(f"{name} must be a real float array, got {type(a).__name__} of dtype {arr.dtype}")
+    return arr
+
+
+def _check_adapter(site: object, ab: object) -> None:
+    if not isinstance(ab, (tuple, list)) or len(ab) != 2:
+        raise TypeError(f"adapters[{site!r}] must be a pair (A, B) of arrays, got {type(ab).__name__}")
+    A, B = (_float_array(m, f"adapters[{site!r}][{i}]") for i, m in enumerate(ab))
+    if A.ndim != 2 or B.ndim != 2 or A.shape[0] != B.shape[1]:
+        raise ValueError(f"adapters[{site!r}] must be A (r, Cin) and B (Cout, r) with one rank r, got A {A.shape}, "
+                         f"B {B.shape}")
+
+
 def _check_ab(w: np.ndarray, A: np.ndarray, B: np.ndarray) -> None:
+    if w.ndim != 2:
+        raise ValueError(f"the base weight must be 2-D (Cin, Cout), got shape {w.shape}")
     if A.ndim != 2 or B.ndim != 2 or A.shape[1] != w.shape[0] or B.shape[0] != w.shape[1] or \
             A.shape[0] != B.shape[1]:
         raise ValueError(f"LoRA shapes do not fit: W {w.shape} (Cin, Cout) needs A (r, {w.shape[0]}) and "
@@ -95,18 +115,28 @@ def lora_linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, A: n
     """``x @ w + b + scale * (x @ A.T) @ B.T``. x (..., Cin), w (Cin, Cout), A (r, Cin), B (Cout, r) ->
     out (..., Cout); ``scale`` is ``alpha / r``."""
     prec = current_precision(prec)
-    x, w, A, B = np.asarray(x), np.asarray(w), np.asarray(A), np.asarray(B)
+    x, w, A, B = (_float_array(a, n) for a, n in ((x, "x"), (w, "w"), (A, "A"), (B, "B")))
     _check_ab(w, A, B)
+    if x.ndim < 1 or x.shape[-1] != w.shape[0]:
+        raise ValueError(f"x must be (..., Cin) with Cin = {w.shape[0]} (w is {w.shape}), got shape {x.shape}")
+    if b is not None and np.shape(b) != (w.shape[1],):
+        raise ValueError(f"b must be (Cout,) = ({w.shape[1]},), got shape {np.shape(b)}")
     scale = check_real(scale, "scale")
     shape = x.shape
     out, c = _lora_matmul(prec, x.reshape(-1, shape[-1]), w, b, A, B, scale, site, "linear")
-    return out.reshape(*shape[:-1], w.shape[1]), (c, shape, prec, b is not None)
+    return out.reshape(*shape[:-1], w.shape[1]), (c, shape, prec, b is not None, w.shape[1])
 
 
 @ieee_mode
 def lora_linear_backward(dout: np.ndarray, cache: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dx (..., Cin), dA (r, Cin), dB (Cout, r)); the base weight and bias are frozen (no gradient)."""
-    c, shape, prec, _ = cache
+    if not (isinstance(cache, tuple) and len(cache) == 5):
+        raise TypeError(f"cache must be the second value lora_linear_forward returned, got {type(cache).__name__}")
+    c, shape, prec, _, c_out = cache
+    dout = as_array(dout, "dout", carrier=True)
+    want = (*shape[:-1], c_out)
+    if dout.shape != want:
+        raise ValueError(f"dout must have the forward output's shape {want}, got {dout.shape}")
     dx, dA, dB, _ = _lora_matmul_backward(prec, dout.reshape(-1, dout.shape[-1]), c)
     return dx.reshape(shape), dA, dB
 
@@ -135,6 +165,8 @@ class LoRAPrecision:
             raise TypeError(f"inner must implement fpsim.nn.Precision, got {type(inner).__name__}")
         if not isinstance(adapters, Mapping):
             raise TypeError(f"adapters must map site -> (A, B), got {type(adapters).__name__}")
+        for site, ab in adapters.items():
+            _check_adapter(site, ab)
         self.inner = inner
         self.adapters = dict(adapters)
         self.scale = check_real(scale, "scale")

@@ -25,11 +25,13 @@ from collections.abc import Callable
 from typing import Any
 
 import itertools
+import math
 import sys
 
 import numpy as np
 
 from .._fpenv import ieee_mode
+from .._interop import host_array
 from .._names import parse_name
 from ..accumulate import SumTree
 from ..accumulate import dot as _dot
@@ -72,9 +74,18 @@ class _Prober:
         x = self._x
         x[i], x[j] = self.big, -self.big
         try:
-            out = self.output(x)
+            with np.errstate(over="ignore", invalid="ignore"):  # the probe's huge terms are deliberate
+                out = self.output(x)
         finally:
             x[i] = x[j] = self.unit
+        if not math.isfinite(out):
+            # a sum of the terms as given never overflows here (M and -M cancel); a sum of |x| or x*x does
+            raise ValueError(
+                f"fn is not a summation of its terms: with x[{i}] = {float(self.big):g}, x[{j}] = "
+                f"{-float(self.big):g} and every other of the n = {self.n} terms {self.unit:g}, it returned "
+                f"{out!r}; a sum of the signed terms in any order returns a finite multiple of {self.unit:g} "
+                f"(the two huge terms cancel). fn transforms the terms before adding them (np.abs, a square, "
+                f"an exp?): reveal the order of the sum it applies to the transformed terms instead")
         c = self.n - out / self.unit
         if not (c == int(c) and 2 <= c <= self.n):
             raise ValueError(
@@ -100,10 +111,15 @@ _FP16_UNIT_MAX_N = 2**11 - 1
 def _number(out: Any, what: str) -> float:
     """The one real number a summing function returned (a Python or NumPy number, a 0-d or one-element
     array, a torch scalar); a TypeError naming what came back otherwise."""
-    try:
-        a = np.asarray(out)
-    except Exception:  # e.g. a torch tensor that needs .detach(): let float() decide below
-        a = np.asarray(out, dtype=object)
+    try:  # torch (requires_grad, bfloat16, on a GPU) and JAX results, exactly, through the one converter
+        a = np.asarray(host_array(out, f"{what}'s result", to_host=True))
+    except Exception:  # not an array of any known kind: refused below, naming what came back
+        a = np.asarray(out, dtype=object) if not isinstance(out, np.ndarray) else out
+    if a.dtype.kind == "V" and a.dtype.names is None:  # an ml_dtypes float (bfloat16, float8): exact in float64
+        try:
+            a = a.astype(np.float64)
+        except (TypeError, ValueError):
+            pass
     if a.dtype.kind not in "fiu" or isinstance(out, (bool, np.bool_)):
         raise TypeError(f"{what} must return one real number (the sum), got {type(out).__name__}: {out!r:.80}")
     if a.size != 1:
@@ -348,7 +364,10 @@ def reveal_order(fn: Callable[[np.ndarray], Any], n: int, dtype: Any = np.float3
     ValueError
         When ``fn`` is not a fixed summation tree, saying what was seen: every pair cancelling with no
         one swamped (a correctly rounded sum such as ``math.fsum``), counts that fit no tree (an order
-        that depends on the values), or a tree whose replay differs from ``fn`` on random inputs.
+        that depends on the values), a tree whose replay differs from ``fn`` on random inputs, or a
+        non-finite output on a probe (``fn`` transforms the terms before summing them, as
+        ``np.sum(np.abs(x))`` or ``np.sum(x * x)`` do: the probe's ``M`` and ``-M`` then add up to
+        overflow instead of cancelling; reveal the inner sum instead).
 
     Examples
     --------
@@ -378,6 +397,7 @@ def reveal_order(fn: Callable[[np.ndarray], Any], n: int, dtype: Any = np.float3
         raise ValueError(f"n must be in 1..{2 ** (np.finfo(dt).nmant - 1) - 1} for {dt.name} (the counts must "
                          f"be exact), got {n!r}")
     verify = _check_verify(verify)
+    _check_rng(rng)
     method = parse_name(method, ("fprev", "basic"), "reveal method")
     p = _Prober(fn, int(n), dt)
     ones = p.output(np.ones(int(n), dtype=dt))
@@ -441,6 +461,7 @@ def reveal_dot_order(dot: Callable[[np.ndarray, np.ndarray], Any], n: int, dtype
         raise TypeError(f"fused must be a bool, got {fused!r}")
     dt, fmt = _dtype(dtype)
     verify = _check_verify(verify)
+    _check_rng(rng)
     ones = np.ones(int(n) if isinstance(n, (int, np.integer)) else 1, dtype=dt)
     tree = reveal_order(lambda x: dot(x, ones), n, dt, verify=0, method=method)
     if verify:
@@ -463,3 +484,8 @@ def _check_verify(verify: int) -> int:
     if verify < 0:
         raise ValueError(f"verify must be >= 0, got {verify!r}")
     return int(verify)
+
+
+def _check_rng(rng: object) -> None:
+    if rng is not None and not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator or None, got {type(rng).__name__}: {rng!r}")

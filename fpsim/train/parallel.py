@@ -62,6 +62,7 @@ import numpy as np
 
 from .._checks import check_bool, check_int, check_real
 from .._fpenv import ieee_mode
+from .._interop import host_array
 from .._names import parse_name
 from .._sumtree import SumTree
 from ..amp import Policy
@@ -206,20 +207,32 @@ def _reduce(X: np.ndarray, algorithm: str, fmt: Format) -> np.ndarray:
     return acc
 
 
-def _as_rank_arrays(per_rank: object, what: str = "per_rank") -> list[np.ndarray]:
+def _as_rank_arrays(per_rank: object, what: str = "per_rank", key: str | None = None) -> list[np.ndarray]:
+    """One real array per rank, all of one shape; ``key``: the arrays are ``what[i][key]`` (a gradient
+    dict per rank), and the messages name them so."""
     if isinstance(per_rank, np.ndarray) or not isinstance(per_rank, (list, tuple)):
         raise TypeError(f"{what} must be a list (or tuple) of arrays, one per rank, got {type(per_rank).__name__}")
     if len(per_rank) == 0:
         raise ValueError(f"{what} must hold at least one rank's array, got an empty {type(per_rank).__name__}")
     out = []
     for i, a in enumerate(per_rank):
-        arr = np.asarray(a)
+        item = f"{what}[{i}]" if key is None else f"{what}[{i}][{key!r}]"
+        if isinstance(a, np.ma.MaskedArray):  # np.asarray drops the mask: masked values would be summed
+            raise TypeError(f"{item} is a masked array (its mask would be ignored); pass "
+                            f"{item}.filled(0) to reduce the masked entries as zeros")
+        arr = np.asarray(host_array(a, item))   # torch/JAX tensors of every float dtype, exactly
+        if arr.dtype.kind == "V" and arr.dtype.names is None and arr.dtype.itemsize <= 2:
+            try:  # an ml_dtypes float (bfloat16, float8, ...): exactly, in the float64 carrier of non-fp32 input
+                arr = arr.astype(np.float64)
+            except (TypeError, ValueError):
+                pass
         if arr.dtype.kind not in "fiu" or arr.dtype == np.bool_:
-            raise TypeError(f"{what}[{i}] must hold real numbers, got dtype {arr.dtype}")
+            raise TypeError(f"{item} must hold real numbers, got dtype {arr.dtype}")
         out.append(arr)
     shapes = {a.shape for a in out}
     if len(shapes) > 1:
-        raise ValueError(f"{what}: every rank's array must have the same shape, got {[a.shape for a in out]}")
+        whose = what if key is None else f"{what}[...][{key!r}]"
+        raise ValueError(f"{whose}: every rank's array must have the same shape, got {[a.shape for a in out]}")
     return out
 
 
@@ -495,11 +508,15 @@ def ddp_all_reduce(per_rank_grads: Sequence[Mapping[str, Any]], *, algorithm: st
             raise ValueError(f"per_rank_grads[{r}] must have the same names as rank 0: {names}")
     o = parse_name(op, _OPS, "all-reduce op")
     world = len(per_rank_grads)
-    shapes = {k: np.shape(per_rank_grads[0][k]) for k in names}
+    # Each parameter's gradients checked across ranks as all_reduce checks one array (kind, mask, shape):
+    # flattened into buckets, a transposed or masked gradient would otherwise be reduced silently.
+    grads = {k: _as_rank_arrays([g[k] for g in per_rank_grads], "per_rank_grads", k) for k in names}
+    shapes = {k: grads[k][0].shape for k in names}
     out: dict[str, np.ndarray] = {}
     for b, bucket in enumerate(ddp_buckets(shapes, bucket_cap_mb=bucket_cap_mb, first_bucket_mb=first_bucket_mb)):
-        flat = [np.concatenate([np.asarray(g[k], dtype=np.float32).reshape(-1) for k in bucket])
-                for g in per_rank_grads]
+        with np.errstate(over="ignore"):  # float64 beyond float32's range: +-inf, as a .float() cast
+            flat = [np.concatenate([np.asarray(grads[k][r], dtype=np.float32).reshape(-1) for k in bucket])
+                    for r in range(world)]
         if compressor is not None:
             red = compressor.reduce(flat, b, algorithm=algorithm, op=o)
         else:
