@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, TypeVar
 
-__all__ = ["flag_value", "nonneg_int", "pos_int"]
+__all__ = ["flag_value", "nonneg_int", "pos_int", "printable"]
 
 _T = TypeVar("_T")
 _V = TypeVar("_V")
@@ -43,3 +43,18 @@ def pos_int(value: str) -> int:
     if not v.isascii() or not v.isdigit() or len(v) > 30 or int(v) < 1:
         raise ValueError(f"expected an integer >= 1, got {v!r}")
     return int(v)
+
+
+def printable(text: str) -> str:
+    """``text`` with every non-printable character written as its Python escape (``\\x1b``, ``\\n``,
+    ``\\u202e``): C0 and C1 controls, DEL, bidi overrides and other format characters, line separators,
+    lone surrogates. For any text a file or a user controls (tensor names, paths, error messages) before
+    it reaches the terminal, where an escape sequence could clear the screen, move the cursor or forge
+    output, and a newline break a table line. Printable text, non-ASCII letters included, is kept.
+
+    >>> printable("w\\x1b[2J\\n\\u202eé")
+    'w\\\\x1b[2J\\\\n\\\\u202eé'
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

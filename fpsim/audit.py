@@ -10,8 +10,10 @@ docs/audit.md documents every key, scaling and threshold.
 Nothing in a file is trusted: every header (8-byte little-endian length, then JSON) is parsed here and
 validated (dtypes, shapes, offsets, sizes, overlaps, bounds against the file size) for **all** files
 before any tensor data is read; a bad file raises :class:`SafetensorsError` naming the file and the
-tensor. Data is mapped with :class:`numpy.memmap` one band of rows at a time and processed in chunks,
-so memory stays bounded by a chunk, never the model (never pickle, never the whole file).
+tensor. Data is read with ``pread`` into buffers one band of rows at a time (never mapped: a file that
+shrinks during an audit is an error naming it, not a SIGBUS) and processed in chunks, so memory stays
+bounded by a chunk, never the model (never pickle, never the whole file). Only regular files are opened
+(a FIFO or device is refused before ``open``, which would block on a FIFO).
 
 Quantisation is :mod:`fpsim.scaling`'s (current scaling, per-channel, per-block, MX, NVFP4), each
 rounding through :func:`fpsim.round`; this module only reads, chunks and counts. Tensors go to Dask
@@ -34,8 +36,8 @@ from __future__ import annotations
 
 import json
 import math
-import mmap
 import os
+import stat
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,6 +46,7 @@ from typing import IO, Any
 import numpy as np
 
 from . import scaling as S
+from ._cliargs import printable
 from ._fpenv import ieee_mode
 from ._names import norm_name, parse_name
 from .formats import Format, as_format, format_names
@@ -87,13 +90,17 @@ THRESHOLDS: dict[str, float] = {
     "warn_sqnr_below_floor_db": 3.0, "risk_sqnr_below_floor_db": 10.0,
 }
 
-# safetensors dtype -> (itemsize, numpy dtype used to read it or None: listed but not audited)
-_DTYPE_SIZES: dict[str, int] = {
-    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
-    "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1,
+# Every dtype of the safetensors format (library 0.8) -> bits per element. F4 and F6 pack elements across
+# bytes: a tensor of them must hold a whole number of bytes (as the library requires).
+_DTYPE_BITS: dict[str, int] = {
+    "F64": 64, "F32": 32, "F16": 16, "BF16": 16, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8,
+    "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "F6_E2M3": 6, "F6_E3M2": 6, "F4": 4, "C64": 64,
+    "I64": 64, "I32": 32, "I16": 16, "I8": 8, "U64": 64, "U32": 32, "U16": 16, "U8": 8, "BOOL": 8,
 }
-#: safetensors dtypes whose tensors are audited (others, e.g. integer tensors, are listed as skipped).
+#: safetensors dtypes whose tensors are audited (the others, e.g. integer, complex, F4 or F8_E8M0 tensors,
+#: are valid and listed as skipped, with their dtype).
 DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+_DTYPE_SIZES: dict[str, int] = {k: _DTYPE_BITS[k] // 8 for k in DTYPES}  # bytes per element of the audited
 
 _HEADER_LIMIT = 100_000_000  # bytes: the safetensors library's own limit on the JSON header
 _CHUNK = 1 << 17  # elements per chunk: the working set (a few dozen bytes per element) stays ~10 MB
@@ -103,7 +110,58 @@ _LARGE_BYTES = 256 << 20  # checkpoints at least this large get a LocalCluster w
 
 class SafetensorsError(ValueError):
     """A safetensors file (or sharded checkpoint index) that cannot be read: the message names the file
-    and, where one is at fault, the tensor. Raised before any tensor data is read."""
+    and, where one is at fault, the tensor. Raised before any tensor data is read, except for a file that
+    changes (shrinks) while it is being audited."""
+
+
+def _brief(v: Any, limit: int = 120) -> str:
+    """``repr(v)`` for an error message, cut to about ``limit`` characters (a hostile header can put a
+    100 MB name or shape into one): repr escapes control characters, so the message stays one safe line."""
+    r = repr(v)
+    return r if len(r) <= limit else f"{r[: limit - 20]}...{r[-12:]} ({len(r)} characters)"
+
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _check_regular(mode: int, what: str) -> None:
+    if not stat.S_ISREG(mode):
+        kind = next((k for test, k in _KINDS if test(mode)), "not a regular file")
+        raise SafetensorsError(f"{what} is {kind}, not a regular file")
+
+
+def _open_regular(path: str, what: str) -> int:
+    """A read-only descriptor of ``path``, which must be a regular file (following symbolic links).
+
+    ``os.stat`` first, so that a FIFO, device or socket is refused without opening it (``open`` of a FIFO
+    blocks until a writer comes; of a socket it fails obscurely); opened with ``O_NONBLOCK`` (no effect on
+    a regular file) and checked again with ``fstat``, in case the path was swapped in between."""
+    _check_regular(os.stat(path).st_mode, what)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+                 | getattr(os, "O_BINARY", 0))
+    try:
+        _check_regular(os.fstat(fd).st_mode, what)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _loads(text: str | bytes, where: str, what: str) -> Any:
+    """``json.loads`` without duplicate keys; any failure is a :class:`SafetensorsError` naming the file:
+    invalid JSON, an integer of more than ``sys.get_int_max_str_digits()`` digits, and nesting too deep for
+    the parser (a ``RecursionError``, e.g. 200 000 brackets), which is refused, never a crash."""
+    try:
+        return json.loads(text, object_pairs_hook=_no_dupes)
+    except _Dup as e:
+        raise SafetensorsError(f"{where}: {what} names {_brief(e.args[0])} twice") from None
+    except json.JSONDecodeError as e:
+        raise SafetensorsError(f"{where}: {what} is not valid JSON ({e.msg} at byte {e.pos})") from None
+    except RecursionError:
+        raise SafetensorsError(f"{where}: {what} is nested too deeply to parse (a hostile or corrupt file)") from None
+    except ValueError as e:  # e.g. an integer with more digits than Python converts
+        raise SafetensorsError(f"{where}: {what} is not valid JSON ({' '.join(str(e).split())})") from None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -125,6 +183,11 @@ class TensorInfo:
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def where(self) -> str:
+        """``safetensors file '...', tensor '...'``: how error messages name this tensor."""
+        return f"safetensors file {_brief(self.file, 400)}, tensor {_brief(self.name)}"
 
 
 def _no_dupes(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -168,9 +231,9 @@ def read_header(path: str | os.PathLike[str]) -> tuple[list[TensorInfo], dict[st
     [('b', 'F16', (3,), 6)]
     """
     p = os.fspath(path)
-    with open(p, "rb") as f:
+    where = f"safetensors file {_brief(p, 400)}"
+    with os.fdopen(_open_regular(p, where), "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        where = f"safetensors file {p!r}"
         if size < 8:
             raise SafetensorsError(f"{where} is {size} bytes: too short for the 8-byte header length (truncated?)")
         (n,) = struct.unpack("<Q", _read_exact(f, 8))
@@ -186,12 +249,7 @@ def read_header(path: str | os.PathLike[str]) -> tuple[list[TensorInfo], dict[st
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise SafetensorsError(f"{where}: the header is not UTF-8 ({e.reason} at byte {e.start})") from None
-    try:
-        head = json.loads(text, object_pairs_hook=_no_dupes)
-    except _Dup as e:
-        raise SafetensorsError(f"{where}: the header names {e.args[0]!r} twice") from None
-    except json.JSONDecodeError as e:
-        raise SafetensorsError(f"{where}: the header is not valid JSON ({e.msg} at byte {e.pos})") from None
+    head = _loads(text, where, "the header")
     if not isinstance(head, dict):
         raise SafetensorsError(f"{where}: the header is a JSON {type(head).__name__}, not an object")
     meta = head.pop("__metadata__", {})
@@ -201,25 +259,31 @@ def read_header(path: str | os.PathLike[str]) -> tuple[list[TensorInfo], dict[st
     data_size = size - data_start
     out: list[TensorInfo] = []
     for name, ent in head.items():
-        at = f"{where}, tensor {name!r}"
+        at = f"{where}, tensor {_brief(name)}"
         if not isinstance(ent, dict) or set(ent) != {"dtype", "shape", "data_offsets"}:
             got = sorted(ent) if isinstance(ent, dict) else type(ent).__name__
-            raise SafetensorsError(f"{at}: entry must have exactly the keys dtype, shape, data_offsets; got {got}")
+            raise SafetensorsError(f"{at}: entry must have exactly the keys dtype, shape, data_offsets; "
+                                   f"got {_brief(got)}")
         dt, shape, offs = ent["dtype"], ent["shape"], ent["data_offsets"]
-        if not isinstance(dt, str) or dt not in _DTYPE_SIZES:
-            raise SafetensorsError(f"{at}: unknown dtype {dt!r}; valid: {', '.join(_DTYPE_SIZES)}")
+        if not isinstance(dt, str) or dt not in _DTYPE_BITS:
+            raise SafetensorsError(f"{at}: unknown dtype {_brief(dt)}; valid: {', '.join(_DTYPE_BITS)}")
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
-            raise SafetensorsError(f"{at}: shape must be a list of non-negative integers, got {shape!r}")
+            raise SafetensorsError(f"{at}: shape must be a list of non-negative integers, got {_brief(shape)}")
         if (not isinstance(offs, list) or len(offs) != 2 or not all(_is_int(o) for o in offs)
                 or not 0 <= offs[0] <= offs[1]):
-            raise SafetensorsError(f"{at}: data_offsets must be [begin, end] with 0 <= begin <= end, got {offs!r}")
-        need = math.prod(shape) * _DTYPE_SIZES[dt]
+            raise SafetensorsError(f"{at}: data_offsets must be [begin, end] with 0 <= begin <= end, "
+                                   f"got {_brief(offs)}")
+        bits = math.prod(shape) * _DTYPE_BITS[dt]
+        if bits % 8:
+            raise SafetensorsError(f"{at}: shape {_brief(shape)} of {dt} ({_DTYPE_BITS[dt]}-bit elements) is "
+                                   "not a whole number of bytes")
+        need = bits // 8
         if offs[1] - offs[0] != need:
-            raise SafetensorsError(f"{at}: data_offsets {offs} hold {offs[1] - offs[0]} bytes, but shape {shape} "
-                                   f"of {dt} needs {need}")
+            raise SafetensorsError(f"{at}: data_offsets {_brief(offs)} hold {offs[1] - offs[0]} bytes, but shape "
+                                   f"{_brief(shape)} of {dt} needs {_brief(need, 40)}")
         if offs[1] > data_size:
-            raise SafetensorsError(f"{at}: data_offsets {offs} end past the end of the file (its data section "
-                                   f"has {data_size} bytes; truncated?)")
+            raise SafetensorsError(f"{at}: data_offsets {_brief(offs)} end past the end of the file (its data "
+                                   f"section has {data_size} bytes; truncated?)")
         out.append(TensorInfo(name, os.path.abspath(p), dt, tuple(shape), data_start + offs[0], need))
     out.sort(key=lambda t: (t.offset, t.nbytes))
     prev: TensorInfo | None = None
@@ -227,7 +291,7 @@ def read_header(path: str | os.PathLike[str]) -> tuple[list[TensorInfo], dict[st
         if t.nbytes == 0:
             continue
         if prev is not None and t.offset < prev.offset + prev.nbytes:
-            raise SafetensorsError(f"{where}, tensor {t.name!r}: its data overlaps tensor {prev.name!r}'s "
+            raise SafetensorsError(f"{where}, tensor {_brief(t.name)}: its data overlaps tensor {_brief(prev.name)}'s "
                                    f"(bytes {prev.offset - data_start}..{prev.offset - data_start + prev.nbytes} "
                                    f"and {t.offset - data_start}..{t.offset - data_start + t.nbytes})")
         prev = t
@@ -272,41 +336,41 @@ def list_tensors(path: str | os.PathLike[str]) -> list[TensorInfo]:
 
 
 def _read_index(p: str) -> list[TensorInfo]:
-    where = f"checkpoint index {p!r}"
-    with open(p, "rb") as f:
+    where = f"checkpoint index {_brief(p, 400)}"
+    with os.fdopen(_open_regular(p, where), "rb") as f:
         raw = f.read(_HEADER_LIMIT + 1)
     if len(raw) > _HEADER_LIMIT:
         raise SafetensorsError(f"{where} is larger than {_HEADER_LIMIT} bytes")
     try:
-        idx = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_dupes)
-    except _Dup as e:
-        raise SafetensorsError(f"{where} names {e.args[0]!r} twice") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SafetensorsError(f"{where} is not valid UTF-8 JSON ({e})") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SafetensorsError(f"{where} is not UTF-8 ({e.reason} at byte {e.start})") from None
+    idx = _loads(text, where, "the index")
     wm = idx.get("weight_map") if isinstance(idx, dict) else None
     if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
         raise SafetensorsError(f"{where} needs a 'weight_map' object mapping tensor names to shard file names")
     folder = os.path.dirname(os.path.abspath(p))
     shards: list[str] = []
     for name, fn in wm.items():
-        if fn != os.path.basename(fn) or fn in ("", ".", "..") or not fn.endswith(".safetensors"):
-            raise SafetensorsError(f"{where}, tensor {name!r}: shard {fn!r} is not a .safetensors file name in "
+        if (fn != os.path.basename(fn) or fn in ("", ".", "..") or "\x00" in fn or os.path.isabs(fn)
+                or not fn.endswith(".safetensors")):
+            raise SafetensorsError(f"{where}, tensor {_brief(name)}: shard {_brief(fn)} is not a .safetensors file name in "
                                    "the index's folder")
         if fn not in shards:
             shards.append(fn)
     out: list[TensorInfo] = []
     for fn in shards:
         sp = os.path.join(folder, fn)
-        if not os.path.isfile(sp):
-            raise SafetensorsError(f"{where}: shard {fn!r} (of tensor "
-                                   f"{next(k for k, v in wm.items() if v == fn)!r}) is missing")
+        if not os.path.lexists(sp):
+            raise SafetensorsError(f"{where}: shard {_brief(fn)} (of tensor "
+                                   f"{_brief(next(k for k, v in wm.items() if v == fn))}) is missing")
         ts = read_header(sp)[0]
         have = {t.name for t in ts}
         want = {k for k, v in wm.items() if v == fn}
         if want - have:
-            raise SafetensorsError(f"{where}: tensor {sorted(want - have)[0]!r} is not in shard {fn!r}")
+            raise SafetensorsError(f"{where}: tensor {_brief(sorted(want - have)[0])} is not in shard {_brief(fn)}")
         if have - want:
-            raise SafetensorsError(f"{where}: shard {fn!r} holds tensor {sorted(have - want)[0]!r}, which the "
+            raise SafetensorsError(f"{where}: shard {_brief(fn)} holds tensor {_brief(sorted(have - want)[0])}, which the "
                                    "weight_map does not list (or lists in another shard)")
         out += ts
     return out
@@ -513,46 +577,72 @@ def _pieces(R: int, C: int, band: int, chunk: int) -> list[tuple[int, int, int, 
 
 
 class _Mapped:
-    """A tensor's bytes, one band of rows mapped at a time (and unmapped after), read as float carriers."""
+    """A tensor's bytes, read (``pread``) one band of rows at a time into fresh buffers, as float carriers.
 
-    def __init__(self, t: TensorInfo) -> None:
+    Never memory-mapped: a mapped page past the end of a file that shrank after its header was checked
+    (a checkpoint rewritten in place during the audit) kills the process with SIGBUS; a read there
+    just comes back short, which is an error naming the file and the tensor. ``fd``: an open descriptor of
+    ``t.file`` to read through (the caller closes it); without one, each :meth:`read` opens the file."""
+
+    def __init__(self, t: TensorInfo, fd: int | None = None) -> None:
         self.t = t
+        self.fd = fd
         self.R, self.C = _as_2d(t.shape)
         self.dt = _read_dtype(t.dtype)
         self.item = _DTYPE_SIZES[t.dtype]
         self.carrier = np.float64 if t.dtype == "F64" else np.float32
 
+    def _pread(self, fd: int, buf: np.ndarray, offset: int) -> None:
+        """Fill ``buf`` (C-contiguous) with the file's bytes from ``offset``; short means the file shrank."""
+        mv = memoryview(buf).cast("B")
+        got = 0
+        while got < len(mv):
+            if hasattr(os, "preadv"):
+                k = os.preadv(fd, [mv[got:]], offset + got)
+            else:  # pragma: no cover - Windows: no pread
+                os.lseek(fd, offset + got, os.SEEK_SET)
+                k = os.readv(fd, [mv[got:]]) if hasattr(os, "readv") else _readinto(fd, mv[got:])
+            if k == 0:
+                size = os.fstat(fd).st_size
+                raise SafetensorsError(
+                    f"{self.t.where}: the file ends at byte {size}, inside the tensor's data (bytes {self.t.offset}.."
+                    f"{self.t.offset + self.t.nbytes}): it shrank after its header was checked (rewritten "
+                    "during the audit?)")
+            got += k
+
     def read(self, r0: int, r1: int, c0: int, c1: int, out: np.ndarray | None = None) -> np.ndarray:
         """float32 (float64 for F64) copy of rows r0:r1, columns c0:c1 (BF16: into ``out``'s first
         elements when given, a flat float32 scratch array at least that large)."""
-        start = self.t.offset + r0 * self.C * self.item
-        n = (r1 - r0) * self.C
-        if n == 0 or c1 == c0:
+        if r1 == r0 or c1 == c0:
             return np.zeros((r1 - r0, c1 - c0), self.carrier)
-        # np.memmap needs an offset that is a multiple of the page size only internally (it aligns itself).
-        mm = np.memmap(self.t.file, dtype=self.dt, mode="r", offset=start, shape=(r1 - r0, self.C))
+        raw = np.empty((r1 - r0, c1 - c0), self.dt)
+        fd = self.fd if self.fd is not None else _open_regular(self.t.file, f"safetensors file {_brief(self.t.file, 400)}")
         try:
-            raw = np.asarray(mm[:, c0:c1])
-            if self.t.dtype.startswith("F8"):
-                out = _f8_table(self.t.dtype)[raw]
-            elif self.t.dtype == "BF16":
-                if out is not None and out.dtype == np.float32 and out.size >= raw.size:
-                    bits = out[: raw.size].view(np.uint32).reshape(raw.shape)
-                    out = np.left_shift(raw, 16, out=bits, dtype=np.uint32).view(np.float32)
-                else:
-                    out = np.left_shift(raw, 16, dtype=np.uint32).view(np.float32)
-            else:
-                out = raw.astype(self.carrier)
-            del raw
+            base = self.t.offset + (r0 * self.C + c0) * self.item
+            if c0 == 0 and c1 == self.C:  # whole rows: one contiguous read
+                self._pread(fd, raw, base)
+            else:  # a column piece of a band: one read per row
+                for i in range(r1 - r0):
+                    self._pread(fd, raw[i], base + i * self.C * self.item)
         finally:
-            m = getattr(mm, "_mmap", None)
-            del mm
-            if isinstance(m, mmap.mmap):
-                try:
-                    m.close()
-                except BufferError:  # pragma: no cover - a view still alive: the GC unmaps it
-                    pass
-        return out
+            if self.fd is None:
+                os.close(fd)
+        if self.t.dtype.startswith("F8"):
+            return _f8_table(self.t.dtype)[raw]
+        if self.t.dtype == "BF16":
+            if out is not None and out.dtype == np.float32 and out.size >= raw.size:
+                bits = out[: raw.size].view(np.uint32).reshape(raw.shape)
+                return np.left_shift(raw, 16, out=bits, dtype=np.uint32).view(np.float32)
+            return np.left_shift(raw, 16, dtype=np.uint32).view(np.float32)
+        if raw.dtype == self.carrier:
+            return raw
+        return raw.astype(self.carrier)
+
+
+def _readinto(fd: int, mv: memoryview) -> int:  # pragma: no cover - Windows only
+    data = os.read(fd, len(mv))
+    mv[: len(data)] = data
+    return len(data)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -786,9 +876,23 @@ def audit_tensor(t: TensorInfo, targets: Sequence[str | Target] | None = None, *
     entry: dict[str, Any] = {"name": t.name, "file": os.path.basename(t.file), "dtype": t.dtype,
                              "shape": list(t.shape), "numel": t.numel, "bytes": t.nbytes}
     if t.dtype not in DTYPES:
-        entry["skipped"] = f"dtype {t.dtype} is not a float dtype audited here ({', '.join(DTYPES)})"
+        entry["skipped"] = f"dtype {t.dtype} is not audited (audited: {', '.join(DTYPES)})"
         return entry
-    m = _Mapped(t)
+    if t.numel == 0:  # nothing to read or allocate, whatever the nominal shape (e.g. [2**40, 0])
+        entry.update({"amax": 0.0, "nan": 0, "inf": 0, "zeros": 0,
+                      "targets": {g.name: _Acc(g).result() for g in tgs}})
+        return entry
+    fd = _open_regular(t.file, f"safetensors file {_brief(t.file, 400)}")
+    try:
+        entry.update(_audit_data(_Mapped(t, fd), tgs, chunk))
+    finally:
+        os.close(fd)
+    return entry
+
+
+def _audit_data(m: _Mapped, tgs: list[Target], chunk: int) -> dict[str, Any]:
+    """The statistics of one tensor with at least one element (:func:`audit_tensor`'s two passes)."""
+    t = m.t
     band = 128 if any(g.scaling == "block128x128" for g in tgs) else 1
     pieces = _pieces(m.R, m.C, band, chunk) if t.numel else []
     cached = m.read(*pieces[0]) if len(pieces) == 1 else None
@@ -796,9 +900,9 @@ def audit_tensor(t: TensorInfo, targets: Sequence[str | Target] | None = None, *
     xbuf = np.empty(min(t.numel, _GROUP * chunk), np.float32) if t.dtype == "BF16" and cached is None else None
     zero = m.carrier(0)
     amax_p, amax_f = zero, zero  # NaN-propagating (as fpsim.scaling.amax) and NaN-skipping (as NVFP4's)
-    row_amax = np.zeros(m.R, m.carrier)
+    rows = any(g.scaling == "channel" for g in tgs)
+    row_amax = np.zeros(m.R if rows else 0, m.carrier)  # only when needed: R can be as large as the tensor
     if any(g.scaling in ("tensor", "channel", "nvfp4") for g in tgs):  # pass 1: whole-tensor amaxes
-        rows = any(g.scaling == "channel" for g in tgs)
         for pc in pieces:
             x = cached if cached is not None else m.read(*pc, out=xbuf)
             if x.size == 0:
@@ -836,9 +940,8 @@ def audit_tensor(t: TensorInfo, targets: Sequence[str | Target] | None = None, *
         for g, acc, c in zip(tgs, accs, ctxs):
             q, d = _quantize(g, x, c, pc[0], pc[1])
             acc.add(piece, q, d)
-    entry.update({"amax": amax, "nan": nan, "inf": inf, "zeros": zeros,
-                  "targets": {g.name: acc.result() for g, acc in zip(tgs, accs)}})
-    return entry
+    return {"amax": amax, "nan": nan, "inf": inf, "zeros": zeros,
+            "targets": {g.name: acc.result() for g, acc in zip(tgs, accs)}}
 
 
 def _groups(pieces: list[tuple[int, int, int, int]], limit: int) -> list[list[tuple[int, int, int, int]]]:
@@ -1070,6 +1173,10 @@ def _f(v: float, kind: str) -> str:
 def format_table(report: Mapping[str, Any], *, top: int | None = None) -> str:
     """The report as a text table: one line per tensor and target, then the summary and the tensors at risk.
 
+    Names come from the file: every non-printable character in them is escaped
+    (:func:`fpsim._cliargs.printable`), so a name cannot drive the terminal or break a line; :func:`to_json`
+    keeps them exact.
+
     >>> print(format_table({"tensors": [], "targets": [], "at_risk": [], "summary": {}, "skipped": []}))
     tensor  dtype  shape  amax  target  underflow  subnormal  overflow  sqnr_db  max_rel  verdict
     ------  -----  -----  ----  ------  ---------  ---------  --------  -------  -------  -------
@@ -1079,8 +1186,8 @@ def format_table(report: Mapping[str, Any], *, top: int | None = None) -> str:
     rows = []
     for e in report["tensors"]:
         for i, (name, r) in enumerate(e["targets"].items()):
-            head = [e["name"], e["dtype"], "x".join(map(str, e["shape"])) or "()", f"{e['amax']:.3g}"] if i == 0 \
-                else ["", "", "", ""]
+            head = [printable(e["name"]), printable(e["dtype"]), "x".join(map(str, e["shape"])) or "()",
+                    f"{e['amax']:.3g}"] if i == 0 else ["", "", "", ""]
             rows.append(head + [name, _f(r["underflow"], "f"), _f(r["subnormal"], "f"), _f(r["overflow"], "f"),
                                 _f(r["sqnr_db"], "db"), _f(r["max_rel_error"], "f"), r["verdict"]])
     w = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
@@ -1097,9 +1204,10 @@ def format_table(report: Mapping[str, Any], *, top: int | None = None) -> str:
         lines.append("")
         lines.append("most at risk:")
         for r in risk:
-            lines.append(f"  {r['verdict']:<4}  {r['tensor']}  {r['target']}: {'; '.join(r['reasons'])}")
+            lines.append(f"  {r['verdict']:<4}  {printable(r['tensor'])}  {r['target']}: {'; '.join(r['reasons'])}")
     for s in report.get("skipped", []):
-        lines.append(f"skipped {s['name']} ({s['dtype']}): not a float dtype")
+        lines.append(f"skipped {printable(s['name'])} ({printable(s['dtype'])}): not audited "
+                     f"(audited dtypes: {', '.join(DTYPES)})")
     return "\n".join(lines)
 
 
@@ -1173,13 +1281,40 @@ def _cmd_audit(args: Any) -> int:
     top = flag_value("--top", nonneg_int, args.top)
     if not os.path.exists(args.path):
         raise ValueError(f"PATH {args.path!r} does not exist (a .safetensors file, an index.json or a folder)")
+    if args.plot:  # before the audit, which can take hours: a bad --plot found after it lost the report
+        _check_out_dir(args.plot, "--plot")
     _tune_malloc(own_process=True)  # this process is the command's: a serial audit needs ~25% less CPU
     rep = audit_checkpoint(args.path, targets, workers=workers, scheduler=sched, top=top, progress=None)
+    # the report first: a late failure (disk full while plotting) must not lose it
+    print(to_json(rep) if args.json else format_table(rep), flush=True)
     if args.plot:
         for p in plot_audit(rep, args.plot):
-            print(f"wrote {p}", file=sys.stderr)
-    print(to_json(rep) if args.json else format_table(rep))
+            print(f"wrote {printable(p)}", file=sys.stderr)
     return 0
+
+
+def _check_out_dir(path: str, flag: str) -> None:
+    """Refuse an output folder that cannot be created or written (``ValueError`` naming ``flag``), without
+    creating anything: it, or its nearest existing ancestor, must be a writable folder; matplotlib must
+    be importable."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ValueError(f"{flag} needs matplotlib (pip install matplotlib)")
+    d = os.path.abspath(path)
+    probe = d
+    while not os.path.exists(probe):  # nearest existing ancestor (a dangling link does not exist either)
+        if os.path.lexists(probe):
+            raise ValueError(f"{flag} {path!r}: {probe!r} is a broken symbolic link")
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        what = "is" if probe == d else f"cannot be created: {probe!r} is"
+        raise ValueError(f"{flag} {path!r} {what} not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path!r}: folder {probe!r} is not writable")
 
 
 def register_cli(subparsers: Any) -> None:
