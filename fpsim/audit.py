@@ -419,7 +419,7 @@ def save_safetensors(tensors: Mapping[str, Any], path: str | os.PathLike[str], *
                             f"{', '.join(_NP_TO_ST)}")
         if a.dtype.byteorder == ">":
             a = a.astype(a.dtype.newbyteorder("<"))
-        arrays.append((name, np.ascontiguousarray(a), st))
+        arrays.append((name, np.asarray(a, order="C"), st))  # not ascontiguousarray: it makes 0-d arrays 1-d
     head: dict[str, Any] = {}
     if meta:
         head["__metadata__"] = meta

@@ -322,3 +322,78 @@ def test_late_plot_failure_still_prints_the_report(tmp_path: Path, monkeypatch: 
     rc, out, err = _cli("audit", str(p), "--json", "--plot", str(tmp_path / "plots"))
     assert rc == 1 and "No space left" in err
     assert json.loads(out)["tensors"][0]["name"] == "a"
+
+
+# -- 7. the writer: 0-d arrays stay 0-d; scales of F64 checkpoints are float32 ------------------------------
+
+
+def test_zero_d_arrays_saved_as_shape_empty(tmp_path: Path) -> None:
+    import ml_dtypes
+
+    arrays = {"s": np.float32(2.5), "a": np.array(1.5), "b": np.array(3.0, ml_dtypes.bfloat16),
+              "t": np.arange(6.0).reshape(2, 3).T}  # and a non-contiguous one, transposed
+    p = A.save_safetensors(arrays, tmp_path / "z.safetensors")
+    shapes = {t.name: t.shape for t in A.read_header(p)[0]}
+    assert shapes == {"s": (), "a": (), "b": (), "t": (3, 2)}
+    st = pytest.importorskip("safetensors.numpy")
+    got = st.load_file(str(p))
+    assert got["s"].shape == () and float(got["s"]) == 2.5 and got["a"].shape == ()
+    np.testing.assert_array_equal(got["t"], arrays["t"])
+
+
+def test_zero_d_torch_result_stays_zero_d() -> None:
+    """The same ascontiguousarray slip in the interop layer: a 0-d torch input came back with shape [1]."""
+    torch = pytest.importorskip("torch")
+    import fpsim
+
+    r = fpsim.round(torch.tensor(1.5), "fp8_e4m3", as_dtype=True)
+    assert r.shape == torch.Size([]) and r.dtype == torch.float8_e4m3fn and float(r) == 1.5
+    r = fpsim.round(torch.tensor(1.5), "bf16", as_dtype=True)
+    assert r.shape == torch.Size([]) and r.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("target", ["fp8_e4m3:tensor", "fp8_e4m3:channel", "fp8_e4m3:block128",
+                                    "fp8_e4m3:block128x128", "fp4_e2m1:mx32", "fp4_e2m1:nvfp4"])
+def test_f64_checkpoints_use_float32_scales(target: str) -> None:
+    """docs/audit.md: scales are float32 whatever the checkpoint's dtype. For an F64 tensor the decode
+    factor of every nonzero element, d / q (exact: q has at most 4 significant bits, the factor 24), is a
+    float32 value."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((130, 256)) * np.exp(rng.uniform(-20, 20, (130, 1)))
+    tg = A.parse_target(target)
+    ctx = {"scale": A.S.compute_scale(np.abs(x).max(), tg.fmt),
+           "row_scale": A.S.compute_scale(np.abs(x).max(axis=1), tg.fmt), "gamax": float(np.float32(np.abs(x).max()))}
+    q, d = A._quantize(tg, x, ctx, 0, x.shape[0])
+    assert d.dtype == np.float64
+    nz = q != 0
+    ratio = d[nz] / q[nz]
+    np.testing.assert_array_equal(ratio.astype(np.float32).astype(np.float64), ratio)
+
+
+# -- 8. atomic writers write through a symbolic link instead of replacing it -----------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symbolic links")
+def test_atomic_writes_go_through_symlinks(tmp_path: Path) -> None:
+    from fpsim.gpu.run_all import _atomic_write
+    from fpsim.train._files import atomic_write
+
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "m.safetensors").write_bytes(b"old")
+    link = tmp_path / "link.safetensors"
+    link.symlink_to(real / "m.safetensors")
+    A.save_safetensors({"w": np.ones(2, np.float32)}, link)
+    assert link.is_symlink() and os.readlink(link) == str(real / "m.safetensors")
+    assert [t.name for t in A.read_header(real / "m.safetensors")[0]] == ["w"]
+    # a relative link, through a linked folder
+    (tmp_path / "dirlink").symlink_to(real)
+    (real / "rel.txt").write_text("x")
+    (real / "r").symlink_to("rel.txt")
+    atomic_write(str(tmp_path / "dirlink" / "r"), lambda f: f.write(b"new"), prefix=".t-")
+    assert (real / "r").is_symlink() and (real / "rel.txt").read_text() == "new"
+    (real / "j").symlink_to("results.json")  # dangling: the target is created, as open() would
+    _atomic_write(real / "j", "{}")
+    assert (real / "j").is_symlink() and (real / "results.json").read_text() == "{}"
+    assert sorted(os.listdir(real)) == ["j", "m.safetensors", "r", "rel.txt", "results.json"]  # no temporaries
+    assert sorted(os.listdir(tmp_path)) == ["dirlink", "link.safetensors", "real"]
