@@ -808,22 +808,27 @@ class _Acc:
                 self.maxrel = max(self.maxrel, float(np.max(np.abs(rel, out=rel))))
 
     def result(self) -> dict[str, Any]:
-        n = self.nz
-        if self.se2 == 0 or not math.isfinite(self.se2):
-            sqnr = math.inf if self.se2 == 0 else -math.inf
-        else:
-            sqnr = 10.0 * math.log10(self.sx2 / self.se2) if self.sx2 > 0 else -math.inf
-        r: dict[str, Any] = {
-            "underflow": self.under / n if n else 0.0,
-            "subnormal": self.sub / n if n else 0.0,
-            "overflow": self.over / n if n else 0.0,
-            "sqnr_db": sqnr,
-            "max_rel_error": self.maxrel if math.isfinite(self.maxrel) else math.inf,
-            "rms_rel_error": math.sqrt(self.srel2 / n) if n else 0.0,
-            "nonzero": n,
-        }
-        r["verdict"], r["reasons"] = _verdict(self.tg, r)
-        return r
+        return _stats(self.tg, self.nz, self.under, self.sub, self.over, self.sx2, self.se2, self.srel2, self.maxrel)
+
+
+def _stats(tg: Target, n: int, under: int, sub: int, over: int, sx2: float, se2: float, srel2: float,
+           maxrel: float) -> dict[str, Any]:
+    """One target's JSON statistics of one tensor from its counts and sums (:class:`_Acc`, :func:`_audit_batch`)."""
+    if se2 == 0 or not math.isfinite(se2):
+        sqnr = math.inf if se2 == 0 else -math.inf
+    else:
+        sqnr = 10.0 * math.log10(sx2 / se2) if sx2 > 0 else -math.inf
+    r: dict[str, Any] = {
+        "underflow": under / n if n else 0.0,
+        "subnormal": sub / n if n else 0.0,
+        "overflow": over / n if n else 0.0,
+        "sqnr_db": sqnr,
+        "max_rel_error": maxrel if math.isfinite(maxrel) else math.inf,
+        "rms_rel_error": math.sqrt(srel2 / n) if n else 0.0,
+        "nonzero": n,
+    }
+    r["verdict"], r["reasons"] = _verdict(tg, r)
+    return r
 
 
 def _verdict(tg: Target, r: Mapping[str, Any]) -> tuple[str, list[str]]:
@@ -960,6 +965,215 @@ def _groups(pieces: list[tuple[int, int, int, int]], limit: int) -> list[list[tu
     return out
 
 
+# --------------------------------------------------------------------------------------------------
+# Many small tensors at once
+#
+# A checkpoint may hold thousands of tiny tensors (biases, norms, scales; a hostile header millions): one
+# at a time, each paid ~6 ms of per-call overhead (parsing, quantiser set-up, dozens of NumPy calls on a
+# handful of elements). Tensors of at most _SMALL elements (one piece each in audit_tensor) are instead
+# audited in batches: their rows stacked, zero-padded, into one matrix per (file, dtype, padded width);
+# each target quantised once for the whole batch with per-row scales (every scaling but 128x128 blocks
+# works row by row: per-tensor and per-row scales are elementwise, 1x128 / 1x32 / 1x16 blocks never cross
+# a row); the counts and maxima reduced per tensor with ufunc.reduceat, and every float sum still taken
+# with numpy.einsum over each tensor's own elements. The same operations on the same values: reports
+# identical, bit for bit, to audit_tensor's (tests/test_hardening_audit.py checks it).
+
+_SMALL = 4096  # elements: tensors up to this size (and up to ``chunk``) are batched
+_BATCH_ELEMS = 1 << 17  # padded elements per batch (the working set of a chunk)
+_BATCH_TENSORS = 4096
+
+
+def _batchable(t: TensorInfo, tgs: Sequence[Target], chunk: int) -> bool:
+    return (t.dtype in DTYPES and 0 < t.numel <= min(_SMALL, chunk)
+            and not any(g.scaling == "block128x128" for g in tgs))
+
+
+def _batches(infos: Sequence[TensorInfo], idx: Sequence[int]) -> list[list[int]]:
+    """Indices of batchable tensors grouped by (file, dtype, padded row width), in checkpoint order."""
+    groups: dict[tuple[str, str, int], list[list[int]]] = {}
+    nrows: dict[tuple[str, str, int], int] = {}  # rows in the group's last batch
+    for i in idx:
+        t = infos[i]
+        r, c = _as_2d(t.shape)
+        w = -(-c // 128) * 128
+        key = (t.file, t.dtype, w)
+        bs = groups.setdefault(key, [[]])
+        if bs[-1] and (len(bs[-1]) >= _BATCH_TENSORS or (nrows[key] + r) * w > _BATCH_ELEMS):
+            bs.append([])
+        if not bs[-1]:
+            nrows[key] = 0
+        bs[-1].append(i)
+        nrows[key] += r
+    return [b for bs in groups.values() for b in bs]
+
+
+def _nvfp4_rows(p: np.ndarray, gam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`fpsim.scaling.nvfp4_quantize` (blocks of 16 along rows, round to nearest even) of every row
+    of ``p`` with its own tensor amax ``gam`` (float32, one per row): the same float32 operations, the
+    per-tensor scalars s_enc and s_dec made per-row arrays. Returns (elements, dequantised values)."""
+    fp4, fp8 = as_format("fp4_e2m1"), as_format("fp8_e4m3")
+    f32, fmax = np.float32, np.float32(np.finfo(np.float32).max)
+    with np.errstate(over="ignore"):
+        a32 = p.astype(f32, copy=False)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        s_enc = np.minimum((f32(fp8.max * fp4.max) / gam).astype(f32), fmax).astype(f32)
+        s_enc = np.where(s_enc == 0, f32(1.0), s_enc).astype(f32)
+        s_dec = (f32(1.0) / s_enc).astype(f32)
+        mult = (s_enc * f32(1.0 / fp4.max)).astype(f32)
+        bam = np.asarray(S.amax(a32, block=(1, 16)), dtype=f32)
+        d32 = np.minimum((bam * mult[:, None]).astype(f32), fmax)
+        d32 = np.clip(d32, -fp8.max, fp8.max).astype(f32)
+        d = np.asarray(S._round(d32, fp8, "rne", overflow="saturate"), dtype=f32)
+        enc = np.minimum((f32(1.0) / (d * s_dec[:, None]).astype(f32)).astype(f32), fmax).astype(f32)
+        scaled = (a32.reshape(a32.shape[0], -1, 16) * enc[:, :, None]).reshape(a32.shape).astype(f32, copy=False)
+    S._presaturate(scaled, fp4)
+    q = np.asarray(S._round(scaled, fp4, "rne", overflow="saturate")).astype(p.dtype, copy=False)
+    with np.errstate(over="ignore", invalid="ignore"):  # as _quantize: float32 decode scale, one multiply
+        s = (d * s_dec[:, None]).astype(f32)
+        dq = (q.reshape(q.shape[0], -1, 16) * s[:, :, None].astype(q.dtype)).reshape(q.shape)
+    return q, dq
+
+
+def _segdot(v: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[float]:
+    """:func:`_dot` of each tensor's own elements ``v[starts[k]:ends[k]]`` (the same einsum call)."""
+    return [float(np.einsum("i,i->", v[a:b], v[a:b], dtype=np.float64)) for a, b in zip(starts.tolist(), ends.tolist())]
+
+
+@ieee_mode
+def _audit_batch(ts: Sequence[TensorInfo], tgs: Sequence[Target], fd: int | None = None) -> list[dict[str, Any]]:
+    """:func:`audit_tensor`'s entries for small tensors of one file and dtype, computed together."""
+    t0 = ts[0]
+    K = len(ts)
+    shapes = [_as_2d(t.shape) for t in ts]
+    R = np.array([r for r, _ in shapes], np.int64)
+    C = np.array([c for _, c in shapes], np.int64)
+    n = R * C
+    W = int(-(-int(C.max()) // 128) * 128)
+    starts = np.zeros(K, np.int64)
+    np.cumsum(n[:-1], out=starts[1:])
+    ends = starts + n
+    N = int(n.sum())
+    rstart = np.zeros(K, np.int64)
+    np.cumsum(R[:-1], out=rstart[1:])
+    rows = int(R.sum())
+    # read and decode every tensor into one flat array (tensor after tensor, each in C order)
+    own = fd is None
+    if own:
+        fd = _open_regular(t0.file, f"safetensors file {_brief(t0.file, 400)}")
+    try:
+        m0 = _Mapped(t0, fd)
+        raw = np.empty(N, m0.dt)
+        for t, a, b in zip(ts, starts.tolist(), ends.tolist()):
+            _Mapped(t, fd)._pread(fd, raw[a:b], t.offset)
+    finally:
+        if own:
+            os.close(fd)
+    if t0.dtype.startswith("F8"):
+        x = _f8_table(t0.dtype)[raw]
+    elif t0.dtype == "BF16":
+        x = np.left_shift(raw, 16, dtype=np.uint32).view(np.float32)
+    else:
+        x = raw.astype(m0.carrier)
+    carrier = m0.carrier
+    tid = np.repeat(np.arange(K), n)
+    li = np.arange(N) - starts[tid]
+    ce = C[tid]
+    prow = rstart[tid] + li // ce
+    pcol = li % ce
+    rtid = np.repeat(np.arange(K), R)
+    rowstarts = starts[rtid] + (np.arange(rows) - rstart[rtid]) * C[rtid]  # where each row starts in x
+    zero = carrier(0)
+    # pass 1: whole-tensor amaxes, as audit_tensor (NaN-propagating and NaN-skipping), and per row
+    ax = np.abs(x)
+    amax_p = np.maximum(zero, np.maximum.reduceat(ax, starts))
+    amax_f = np.fmax(zero, np.fmax.reduceat(ax, starts))
+    with np.errstate(over="ignore"):
+        gam = np.where(np.isfinite(amax_f), amax_f.astype(np.float32), np.float32(0)).astype(np.float32)
+    row_amax = np.maximum(zero, np.maximum.reduceat(ax, rowstarts)) if any(g.scaling == "channel" for g in tgs) \
+        else None
+    p = np.zeros((rows, W), carrier)
+    p[prow, pcol] = x
+    # target-independent facts (_Piece), per tensor
+    sx2 = _segdot(x, starts, ends)
+    fin = np.isfinite(x)
+    masked = [not math.isfinite(v) for v in sx2]
+    if any(masked):
+        xf = np.where(fin, x, 0).astype(x.dtype)
+        sx2 = [s2 if not mk else v for s2, mk, v in zip(sx2, masked, _segdot(xf, starts, ends))]
+    else:
+        xf = x
+    nonfin = np.add.reduceat(~fin, starts, dtype=np.int64)
+    xzero = xf == 0
+    zeros = np.add.reduceat(xzero, starts, dtype=np.int64) - nonfin
+    nz = n - zeros - nonfin
+    den = xf if not xzero.any() else np.where(xzero, 1, xf).astype(x.dtype)
+    nans = np.add.reduceat(np.isnan(x), starts, dtype=np.int64) if nonfin.any() else nonfin
+    amax = np.maximum.reduceat(np.abs(xf), starts)
+    res: list[dict[str, Any]] = [{} for _ in range(K)]
+    for g in tgs:
+        f, sc = g.fmt, g.scaling
+        if sc == "none":
+            q = S.quantize(p, f, 1.0)
+            d = q
+        elif sc in ("tensor", "channel"):
+            s = S.compute_scale(amax_p, f)[rtid] if sc == "tensor" else S.compute_scale(row_amax, f)
+            q = S.quantize(p, f, s, axis=0)
+            d = S.dequantize(q, s, axis=0)
+        elif sc == "block128":
+            q, s = S.scale_and_quantize(p, f, block=(1, 128))
+            d = S.dequantize(q, s, block=(1, 128))
+        elif sc == "mx32":
+            q, s = S.mx_quantize(p, f, block=32, axis=-1)
+            d = (q.reshape(q.shape[0], -1, 32) * s[:, :, None].astype(q.dtype)).reshape(q.shape)
+        else:  # nvfp4
+            q, d = _nvfp4_rows(p, gam[rtid])
+        q, d = q[prow, pcol], d[prow, pcol]  # back to each tensor's own elements, tensor after tensor
+        ratio, tie = _overflow_rule(f)
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            if any(masked):
+                q = np.where(fin, q, 0).astype(q.dtype)
+                d = np.where(fin, d, 0).astype(d.dtype)
+            e = d - xf
+            se2 = _segdot(e, starts, ends)
+            aq = np.abs(q)
+            qzero = np.add.reduceat(aq == 0, starts, dtype=np.int64)
+            under = np.add.reduceat(d == 0, starts, dtype=np.int64) - zeros
+            sub = np.add.reduceat(aq < f.min_normal, starts, dtype=np.int64) - qzero
+            badt = [k for k, v in enumerate(se2) if not math.isfinite(v)]
+            bad = np.zeros(N, bool)
+            for k in badt:
+                a, b = int(starts[k]), int(ends[k])
+                bad[a:b] = ~np.isfinite(d[a:b])
+            sat = np.flatnonzero(aq == f.max)
+            over = np.zeros(K, np.int64)
+            if sat.size:
+                axs = np.abs(x[sat]).astype(np.float64)
+                lim = np.abs(d[sat]).astype(np.float64) * ratio
+                big = (axs >= lim) if tie else (axs > lim)
+                if badt:
+                    big &= ~bad[sat]
+                over += np.bincount(tid[sat][big], minlength=K)
+            if badt:
+                over += np.add.reduceat(bad, starts, dtype=np.int64)
+                np.copyto(e, 0, where=bad)
+                se2b = _segdot(e, starts, ends)
+                for k in badt:
+                    se2[k] = se2b[k]
+            rel = np.divide(e, den, out=e) if e.dtype == np.result_type(e, den) else e / den
+            srel2 = _segdot(rel, starts, ends)
+            mrel = np.maximum.reduceat(np.abs(rel, out=rel), starts).tolist()
+        for k in range(K):
+            res[k][g.name] = _stats(g, int(nz[k]), int(under[k]), int(sub[k]), int(over[k]), 0.0 + sx2[k],
+                                    0.0 + se2[k], 0.0 + srel2[k], max(0.0, float(mrel[k])))
+    out = []
+    amaxl, nanl, nonl, zl = amax.tolist(), nans.tolist(), nonfin.tolist(), zeros.tolist()
+    for k, t in enumerate(ts):
+        out.append({"name": t.name, "file": os.path.basename(t.file), "dtype": t.dtype, "shape": list(t.shape),
+                    "numel": t.numel, "bytes": t.nbytes, "amax": max(0.0, float(amaxl[k])), "nan": int(nanl[k]),
+                    "inf": int(nonl[k] - nanl[k]), "zeros": int(zl[k]), "targets": res[k]})
+    return out
+
+
 _MALLOC_TUNED = False
 
 
@@ -1000,11 +1214,17 @@ def _in_dask_worker() -> bool:
     return True
 
 
-def _audit_job(job: tuple[TensorInfo, tuple[str, ...], int]) -> dict[str, Any]:
-    """What a worker runs: plain data in (path, offset, dtype, shape; target names), a small dict out."""
+_Job = tuple[tuple[TensorInfo, ...], tuple[Target, ...], int]
+
+
+def _audit_job(job: _Job) -> list[dict[str, Any]]:
+    """What a worker runs: plain data in (path, offset, dtype, shape of one tensor, or of a batch of small
+    ones; the parsed targets), small dicts out (one per tensor)."""
     _tune_malloc()
-    t, names, chunk = job
-    return audit_tensor(t, list(names), chunk=chunk)
+    ts, tgs, chunk = job
+    if len(ts) == 1 and not _batchable(ts[0], tgs, chunk):
+        return [audit_tensor(ts[0], list(tgs), chunk=chunk)]
+    return _audit_batch(ts, tgs)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1089,19 +1309,23 @@ def audit_checkpoint(path: str | os.PathLike[str], targets: Sequence[str | Targe
         workers = check_workers(workers)
     infos = list_tensors(path)  # every header checked before any data is touched
     names = tuple(g.name for g in tgs)
-    jobs = [(t, names, chunk) for t in infos]
+    targets_t = tuple(tgs)  # parsed once here, not once per tensor
+    small = [i for i, t in enumerate(infos) if _batchable(t, targets_t, chunk)]
+    groups = _batches(infos, small) + [[i] for i, t in enumerate(infos) if not _batchable(t, targets_t, chunk)]
+    jobs: list[_Job] = [(tuple(infos[i] for i in grp), targets_t, chunk) for grp in groups]
     total = sum(t.nbytes for t in infos)
     # biggest first keeps workers busy to the end; results are put back in checkpoint order
-    order = sorted(range(len(jobs)), key=lambda i: -infos[i].nbytes)
-    results: list[dict[str, Any] | None] = [None] * len(jobs)
-    bar = progress_bar(len(jobs), desc="audit", enabled=progress)
+    order = sorted(range(len(jobs)), key=lambda j: -sum(t.nbytes for t in jobs[j][0]))
+    results: list[dict[str, Any] | None] = [None] * len(infos)
+    bar = progress_bar(len(infos), desc="audit", enabled=progress)
     try:
         parallel = client is not None or scheduler is not None or (
             workers != 0 and (workers is not None or total >= _LARGE_BYTES))
         if not parallel:
-            for i in order:
-                results[i] = _audit_job(jobs[i])
-                bar.update(1)
+            for j in order:
+                for i, r in zip(groups[j], _audit_job(jobs[j])):
+                    results[i] = r
+                bar.update(len(groups[j]))
         else:
             import uuid
 
@@ -1114,8 +1338,10 @@ def audit_checkpoint(path: str | os.PathLike[str], targets: Sequence[str | Targe
 
                 try:
                     for fut in distributed.as_completed(list(futs), loop=c.loop):  # type: ignore[no-untyped-call]
-                        results[futs[fut]] = fut.result()
-                        bar.update(1)
+                        grp = groups[futs[fut]]
+                        for i, r in zip(grp, fut.result()):
+                            results[i] = r
+                        bar.update(len(grp))
                 except BaseException:
                     c.cancel([f for f in futs if not f.done()])
                     raise
