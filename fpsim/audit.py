@@ -1035,8 +1035,26 @@ def _nvfp4_rows(p: np.ndarray, gam: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 
 
 def _segdot(v: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[float]:
-    """:func:`_dot` of each tensor's own elements ``v[starts[k]:ends[k]]`` (the same einsum call)."""
-    return [float(np.einsum("i,i->", v[a:b], v[a:b], dtype=np.float64)) for a, b in zip(starts.tolist(), ends.tolist())]
+    """:func:`_dot` of each tensor's own elements ``v[starts[k]:ends[k]]``: the same einsum call, except
+    for tensors of one or two elements, whose einsum sum of float64 squares is ``p0`` or ``p0 + p1`` in any
+    summation order (adding the zeros of unused SIMD lanes is exact, the squares are >= +0 or NaN), so
+    they are summed here all at once (one einsum call costs ~7 us, most of a tiny tensor's audit)."""
+    lens = ends - starts
+    out: list[float] = [0.0] * len(starts)
+    tiny = np.flatnonzero(lens <= 2)
+    if tiny.size:
+        a0 = v[starts[tiny]].astype(np.float64)
+        sq = a0 * a0
+        two = lens[tiny] == 2
+        if two.any():
+            a1 = v[np.where(two, starts[tiny] + 1, starts[tiny])].astype(np.float64)
+            sq = np.where(two, sq + a1 * a1, sq)
+        for k, val in zip(tiny.tolist(), sq.tolist()):
+            out[k] = val
+    for k in np.flatnonzero(lens > 2).tolist():
+        a, b = int(starts[k]), int(ends[k])
+        out[k] = float(np.einsum("i,i->", v[a:b], v[a:b], dtype=np.float64))
+    return out
 
 
 @ieee_mode

@@ -408,16 +408,18 @@ BATCH_TARGETS = ["fp8_e4m3:none", "fp8_e4m3:tensor", "fp8_e5m2:channel", "fp8_e4
 def _small_tensors(rng: np.random.Generator) -> dict[str, np.ndarray]:
     import ml_dtypes
 
-    shapes = [(), (1,), (3,), (7, 5), (2, 3, 4), (1, 300), (40, 33), (3, 1000), (17,), (64, 64), (1, 1, 1)]
+    shapes = [(), (1,), (3,), (7, 5), (2, 3, 4), (1, 300), (40, 33), (3, 1000), (17,), (64, 64), (1, 1, 1), (2,), (2, 1)]
     out: dict[str, np.ndarray] = {}
-    for i in range(60):
+    for i in range(78):
         shp = shapes[i % len(shapes)]
         x = rng.standard_normal(shp) * np.exp(rng.uniform(-30, 30, shp[:1] + (1,) * (len(shp) - 1) if shp else ()))
         x = np.asarray(x)
         flat = x.reshape(-1)
         kind = i % 9
-        if kind == 1 and flat.size > 2:
+        if kind == 1 and flat.size >= 2:
             flat[0], flat[-1] = np.nan, np.inf
+        elif kind == 1:
+            flat[0] = np.nan
         elif kind == 2:
             flat[:] = 0.0
         elif kind == 3 and flat.size > 1:
