@@ -50,6 +50,7 @@ from ._cliargs import printable
 from ._fpenv import ieee_mode
 from ._names import norm_name, parse_name
 from .formats import Format, as_format, format_names
+from .rounding import round as _fround
 
 __all__ = [
     "AUDIT_JSON_VERSION",
@@ -594,7 +595,7 @@ class _Mapped:
 
     def _pread(self, fd: int, buf: np.ndarray, offset: int) -> None:
         """Fill ``buf`` (C-contiguous) with the file's bytes from ``offset``; short means the file shrank."""
-        mv = memoryview(buf).cast("B")
+        mv = memoryview(buf.data).cast("B")
         got = 0
         while got < len(mv):
             if hasattr(os, "preadv"):
@@ -628,12 +629,15 @@ class _Mapped:
             if self.fd is None:
                 os.close(fd)
         if self.t.dtype.startswith("F8"):
-            return _f8_table(self.t.dtype)[raw]
+            decoded: np.ndarray = _f8_table(self.t.dtype)[raw]
+            return decoded
         if self.t.dtype == "BF16":
             if out is not None and out.dtype == np.float32 and out.size >= raw.size:
                 bits = out[: raw.size].view(np.uint32).reshape(raw.shape)
-                return np.left_shift(raw, 16, out=bits, dtype=np.uint32).view(np.float32)
-            return np.left_shift(raw, 16, dtype=np.uint32).view(np.float32)
+                shifted: np.ndarray = np.left_shift(raw, 16, out=bits, dtype=np.uint32)
+            else:
+                shifted = np.left_shift(raw, 16, dtype=np.uint32)
+            return shifted.view(np.float32)
         if raw.dtype == self.carrier:
             return raw
         return raw.astype(self.carrier)
@@ -1023,11 +1027,11 @@ def _nvfp4_rows(p: np.ndarray, gam: np.ndarray) -> tuple[np.ndarray, np.ndarray]
         bam = np.asarray(S.amax(a32, block=(1, 16)), dtype=f32)
         d32 = np.minimum((bam * mult[:, None]).astype(f32), fmax)
         d32 = np.clip(d32, -fp8.max, fp8.max).astype(f32)
-        d = np.asarray(S._round(d32, fp8, "rne", overflow="saturate"), dtype=f32)
+        d = np.asarray(_fround(d32, fp8, "rne", overflow="saturate"), dtype=f32)
         enc = np.minimum((f32(1.0) / (d * s_dec[:, None]).astype(f32)).astype(f32), fmax).astype(f32)
         scaled = (a32.reshape(a32.shape[0], -1, 16) * enc[:, :, None]).reshape(a32.shape).astype(f32, copy=False)
     S._presaturate(scaled, fp4)
-    q = np.asarray(S._round(scaled, fp4, "rne", overflow="saturate")).astype(p.dtype, copy=False)
+    q = np.asarray(_fround(scaled, fp4, "rne", overflow="saturate")).astype(p.dtype, copy=False)
     with np.errstate(over="ignore", invalid="ignore"):  # as _quantize: float32 decode scale, one multiply
         s = (d * s_dec[:, None]).astype(f32)
         dq = (q.reshape(q.shape[0], -1, 16) * s[:, :, None].astype(q.dtype)).reshape(q.shape)
@@ -1075,17 +1079,15 @@ def _audit_batch(ts: Sequence[TensorInfo], tgs: Sequence[Target], fd: int | None
     np.cumsum(R[:-1], out=rstart[1:])
     rows = int(R.sum())
     # read and decode every tensor into one flat array (tensor after tensor, each in C order)
-    own = fd is None
-    if own:
-        fd = _open_regular(t0.file, f"safetensors file {_brief(t0.file, 400)}")
+    h = _open_regular(t0.file, f"safetensors file {_brief(t0.file, 400)}") if fd is None else fd
     try:
-        m0 = _Mapped(t0, fd)
+        m0 = _Mapped(t0, h)
         raw = np.empty(N, m0.dt)
         for t, a, b in zip(ts, starts.tolist(), ends.tolist()):
-            _Mapped(t, fd)._pread(fd, raw[a:b], t.offset)
+            _Mapped(t, h)._pread(h, raw[a:b], t.offset)
     finally:
-        if own:
-            os.close(fd)
+        if fd is None:
+            os.close(h)
     if t0.dtype.startswith("F8"):
         x = _f8_table(t0.dtype)[raw]
     elif t0.dtype == "BF16":
