@@ -486,3 +486,14 @@ def test_many_tiny_tensors_cost_no_per_tensor_quantiser_calls(tmp_path: Path, mo
     assert len(rep["tensors"]) == n and rep["tensors"][-1]["amax"] == n - 1
     assert calls["quant"] <= 5 * 2 * (n // 1000 + 1), calls  # batches of ~1000 rows of 128
     assert calls["parse"] <= 10, calls
+
+
+def test_sweep_result_nested_too_deeply_is_a_value_error(tmp_path: Path) -> None:
+    """The same RecursionError class in the other JSON file reader fed from disk (a sweep's cell results)."""
+    from fpsim.train import sweep
+
+    cell = sweep.grid(["fp32"], seeds=1)[0]
+    path = sweep._cell_path(str(tmp_path), cell)
+    Path(path).write_bytes(b"[" * 200_000 + b"]" * 200_000)
+    with pytest.raises(ValueError, match="cannot read the sweep result"):
+        sweep._read_result(path, cell)
