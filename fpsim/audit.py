@@ -1485,7 +1485,8 @@ def plot_audit(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> li
     ax.set_ylabel("SQNR (dB)")
     ax.set_title("SQNR per tensor (dashed: format's rounding floor)")
     if n <= 40:
-        ax.set_xticks(x, [e["name"] for e in tensors], rotation=90, fontsize=6)
+        # names from the file: shown literally (a "$...$" name is not mathtext, whose parse errors killed the plot)
+        ax.set_xticks(x, [printable(e["name"]) for e in tensors], rotation=90, fontsize=6, parse_math=False)
     ax.legend(fontsize=7)
     fig.tight_layout()
     p = os.path.join(d, "sqnr.png")

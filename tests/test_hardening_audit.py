@@ -497,3 +497,13 @@ def test_sweep_result_nested_too_deeply_is_a_value_error(tmp_path: Path) -> None
     Path(path).write_bytes(b"[" * 200_000 + b"]" * 200_000)
     with pytest.raises(ValueError, match="cannot read the sweep result"):
         sweep._read_result(path, cell)
+
+
+def test_plot_shows_mathtext_names_literally(tmp_path: Path) -> None:
+    """A tensor name like "$\\frac{$" was parsed as matplotlib mathtext: the plot raised a parse error."""
+    pytest.importorskip("matplotlib")
+    p = A.save_safetensors({r"$\frac{$": np.float32([1e-30, 1, 1e30]), "b$x$\x1b[2J": np.float32([3, 1e-20, 2])},
+                           tmp_path / "m.safetensors")
+    rep = A.audit_checkpoint(p, ["fp4_e2m1:none"], workers=0)
+    paths = A.plot_audit(rep, tmp_path / "plots")
+    assert [os.path.basename(q) for q in paths] == ["sqnr.png", "fractions.png"]
