@@ -351,27 +351,24 @@ def _read_index(p: str) -> list[TensorInfo]:
     if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
         raise SafetensorsError(f"{where} needs a 'weight_map' object mapping tensor names to shard file names")
     folder = os.path.dirname(os.path.abspath(p))
-    shards: list[str] = []
-    for name, fn in wm.items():
+    shards: dict[str, set[str]] = {}  # shard -> its tensors, shards in order of first appearance (a dict, not
+    for name, fn in wm.items():        # a list searched per entry: a million-entry map was quadratic)
         if (fn != os.path.basename(fn) or fn in ("", ".", "..") or "\x00" in fn or os.path.isabs(fn)
                 or not fn.endswith(".safetensors")):
             raise SafetensorsError(f"{where}, tensor {_brief(name)}: shard {_brief(fn)} is not a .safetensors file name in "
                                    "the index's folder")
-        if fn not in shards:
-            shards.append(fn)
+        shards.setdefault(fn, set()).add(name)
     out: list[TensorInfo] = []
-    for fn in shards:
+    for fn, want in shards.items():
         sp = os.path.join(folder, fn)
         if not os.path.lexists(sp):
-            raise SafetensorsError(f"{where}: shard {_brief(fn)} (of tensor "
-                                   f"{_brief(next(k for k, v in wm.items() if v == fn))}) is missing")
+            raise SafetensorsError(f"{where}: shard {_brief(fn)} (of tensor {_brief(min(want))}) is missing")
         ts = read_header(sp)[0]
         have = {t.name for t in ts}
-        want = {k for k, v in wm.items() if v == fn}
         if want - have:
-            raise SafetensorsError(f"{where}: tensor {_brief(sorted(want - have)[0])} is not in shard {_brief(fn)}")
+            raise SafetensorsError(f"{where}: tensor {_brief(min(want - have))} is not in shard {_brief(fn)}")
         if have - want:
-            raise SafetensorsError(f"{where}: shard {_brief(fn)} holds tensor {_brief(sorted(have - want)[0])}, which the "
+            raise SafetensorsError(f"{where}: shard {_brief(fn)} holds tensor {_brief(min(have - want))}, which the "
                                    "weight_map does not list (or lists in another shard)")
         out += ts
     return out
@@ -410,9 +407,10 @@ def save_safetensors(tensors: Mapping[str, Any], path: str | os.PathLike[str], *
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
         raise TypeError("metadata must map strings to strings")
     arrays: list[tuple[str, np.ndarray, str]] = []
-    for name in sorted(tensors):
+    for name in tensors:  # checked before sorting: mixed key types made sorted() raise an unnamed TypeError
         if not isinstance(name, str) or not name or name == "__metadata__":
             raise ValueError(f"tensor names must be non-empty strings other than '__metadata__', got {name!r}")
+    for name in sorted(tensors):
         a = np.asarray(tensors[name])
         st = _NP_TO_ST.get(a.dtype.name)
         if st is None:

@@ -507,3 +507,22 @@ def test_plot_shows_mathtext_names_literally(tmp_path: Path) -> None:
     rep = A.audit_checkpoint(p, ["fp4_e2m1:none"], workers=0)
     paths = A.plot_audit(rep, tmp_path / "plots")
     assert [os.path.basename(q) for q in paths] == ["sqnr.png", "fractions.png"]
+
+
+def test_index_with_a_huge_weight_map_is_linear(tmp_path: Path) -> None:
+    """60 000 entries naming 60 000 distinct shards: the first missing shard is reported at once (the
+    shard list was searched once per entry: quadratic, ~25 s of CPU here, days for a 100 MB index)."""
+    n = 60_000
+    (tmp_path / "m.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {f"t{i}": f"s{i}.safetensors" for i in range(n)}}))
+    import time
+
+    t0 = time.process_time()
+    with pytest.raises(A.SafetensorsError, match="shard 's0.safetensors' .of tensor 't0'. is missing"):
+        A.list_tensors(tmp_path)
+    assert time.process_time() - t0 < 8  # linear: ~0.1 s; quadratic: ~25 s
+
+
+def test_save_safetensors_names_checked_before_sorting(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="tensor names must be non-empty strings.*got 1"):
+        A.save_safetensors({"a": np.ones(1), 1: np.ones(1)}, tmp_path / "x.safetensors")
