@@ -60,7 +60,8 @@ def main() -> None:
     t, _ = timed(A, big)
     print(f"batched          {args.n:7d} tensors {t:8.2f} s  {t / args.n * 1e3:7.3f} ms/tensor")
     tb, ref = timed(A, small)
-    print(f"batched          {args.one_at_a_time:7d} tensors {tb:8.2f} s  {tb / args.one_at_a_time * 1e3:7.3f} ms/tensor")
+    m = args.one_at_a_time
+    print(f"batched          {m:7d} tensors {tb:8.2f} s  {tb / m * 1e3:7.3f} ms/tensor")
     keep = A._SMALL
     A._SMALL = 0
     try:
@@ -68,7 +69,7 @@ def main() -> None:
     finally:
         A._SMALL = keep
     assert rep1 == ref, "unbatched report differs"
-    print(f"one at a time    {args.one_at_a_time:7d} tensors {t1:8.2f} s  {t1 / args.one_at_a_time * 1e3:7.3f} ms/tensor")
+    print(f"one at a time    {m:7d} tensors {t1:8.2f} s  {t1 / m * 1e3:7.3f} ms/tensor")
     if args.baseline:
         spec = importlib.util.spec_from_file_location("fpsim._audit_baseline", args.baseline)
         assert spec is not None and spec.loader is not None
@@ -77,8 +78,8 @@ def main() -> None:
         spec.loader.exec_module(base)
         t2, rep2 = timed(base, small)
         same = json.loads(rep2)["tensors"] == json.loads(ref)["tensors"]
-        print(f"baseline         {args.one_at_a_time:7d} tensors {t2:8.2f} s  {t2 / args.one_at_a_time * 1e3:7.3f} "
-              f"ms/tensor  (report {'identical' if same else 'DIFFERS'})")
+        print(f"baseline         {m:7d} tensors {t2:8.2f} s  {t2 / m * 1e3:7.3f} ms/tensor  "
+              f"(report {'identical' if same else 'DIFFERS'})")
 
 
 if __name__ == "__main__":

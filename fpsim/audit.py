@@ -355,8 +355,8 @@ def _read_index(p: str) -> list[TensorInfo]:
     for name, fn in wm.items():        # a list searched per entry: a million-entry map was quadratic)
         if (fn != os.path.basename(fn) or fn in ("", ".", "..") or "\x00" in fn or os.path.isabs(fn)
                 or not fn.endswith(".safetensors")):
-            raise SafetensorsError(f"{where}, tensor {_brief(name)}: shard {_brief(fn)} is not a .safetensors file name in "
-                                   "the index's folder")
+            raise SafetensorsError(f"{where}, tensor {_brief(name)}: shard {_brief(fn)} is not a .safetensors file "
+                                   "name in the index's folder")
         shards.setdefault(fn, set()).add(name)
     out: list[TensorInfo] = []
     for fn, want in shards.items():
@@ -615,7 +615,8 @@ class _Mapped:
         if r1 == r0 or c1 == c0:
             return np.zeros((r1 - r0, c1 - c0), self.carrier)
         raw = np.empty((r1 - r0, c1 - c0), self.dt)
-        fd = self.fd if self.fd is not None else _open_regular(self.t.file, f"safetensors file {_brief(self.t.file, 400)}")
+        fd = self.fd if self.fd is not None else \
+            _open_regular(self.t.file, f"safetensors file {_brief(self.t.file, 400)}")
         try:
             base = self.t.offset + (r0 * self.C + c0) * self.item
             if c0 == 0 and c1 == self.C:  # whole rows: one contiguous read

@@ -408,7 +408,8 @@ BATCH_TARGETS = ["fp8_e4m3:none", "fp8_e4m3:tensor", "fp8_e5m2:channel", "fp8_e4
 def _small_tensors(rng: np.random.Generator) -> dict[str, np.ndarray]:
     import ml_dtypes
 
-    shapes = [(), (1,), (3,), (7, 5), (2, 3, 4), (1, 300), (40, 33), (3, 1000), (17,), (64, 64), (1, 1, 1), (2,), (2, 1)]
+    shapes = [(), (1,), (3,), (7, 5), (2, 3, 4), (1, 300), (40, 33), (3, 1000), (17,), (64, 64), (1, 1, 1), (2,),
+              (2, 1)]
     out: dict[str, np.ndarray] = {}
     for i in range(78):
         shp = shapes[i % len(shapes)]
