@@ -1,7 +1,7 @@
 """Audit a safetensors checkpoint for low-precision casts: which tensors survive FP8, MXFP4, NVFP4, ...?
 
 ``fpsim audit PATH`` (and :func:`audit_checkpoint`) reads a ``.safetensors`` file, or a sharded folder
-with its ``*.safetensors.index.json``, tensor by tensor through memory maps, and for every *target*
+with its ``*.safetensors.index.json``, tensor by tensor (small ones in batches), and for every *target*
 (``FORMAT:SCALING``, e.g. ``fp8_e4m3:tensor``, ``fp4_e2m1:mx32``, ``fp4_e2m1:nvfp4``) reports per tensor
 the amax, the shares of nonzero values that underflow to 0, become subnormal, or overflow (saturate, or
 become inf/NaN), the SQNR and the max and RMS relative error, with a verdict and the tensors most at risk.
@@ -17,7 +17,7 @@ bounded by a chunk, never the model (never pickle, never the whole file). Only r
 
 Quantisation is :mod:`fpsim.scaling`'s (current scaling, per-channel, per-block, MX, NVFP4), each
 rounding through :func:`fpsim.round`; this module only reads, chunks and counts. Tensors go to Dask
-workers (:mod:`fpsim._dask`) as (path, offset, dtype, shape): each worker maps the file itself. Results
+workers (:mod:`fpsim._dask`) as (path, offset, dtype, shape): each worker reads the file itself. Results
 are identical to the serial run (same chunks, same order of every sum).
 
 >>> import numpy as np, os, tempfile, fpsim.audit as A
@@ -1568,7 +1568,7 @@ def register_cli(subparsers: Any) -> None:
     s = subparsers.add_parser(
         "audit", help="audit a safetensors checkpoint for low-precision casts (FP8, MXFP4, NVFP4, ...)",
         description="Read a .safetensors checkpoint (a file, or a sharded folder with its index.json) tensor by "
-                    "tensor through memory maps and report, per tensor and target FORMAT:SCALING, the shares "
+                    "tensor and report, per tensor and target FORMAT:SCALING, the shares "
                     "that underflow, become subnormal or overflow, the SQNR and relative errors, with a verdict "
                     "(docs/audit.md).")
     s.add_argument("path", metavar="PATH", help="a .safetensors file, a *.safetensors.index.json, or a folder")
