@@ -11,7 +11,8 @@ import json
 import math
 from typing import Any, Callable, TypeVar
 
-__all__ = ["CommandError", "flag_value", "int_range", "json_safe", "json_text", "nonneg_int", "pos_int"]
+__all__ = ["CommandError", "flag_value", "int_range", "json_safe", "json_text", "nonneg_int", "pos_int",
+           "printable"]
 
 _T = TypeVar("_T")
 _V = TypeVar("_V")
@@ -100,3 +101,18 @@ def json_safe(obj: Any) -> Any:
 def json_text(obj: Any, **kw: Any) -> str:
     """Strict JSON of ``obj`` (``allow_nan=False`` after :func:`json_safe`): what every ``--json`` prints."""
     return json.dumps(json_safe(obj), allow_nan=False, **kw)
+
+
+def printable(text: str) -> str:
+    """``text`` with every non-printable character written as its Python escape (``\\x1b``, ``\\n``,
+    ``\\u202e``): C0 and C1 controls, DEL, bidi overrides and other format characters, line separators,
+    lone surrogates. For any text a file or a user controls (tensor names, paths, error messages) before
+    it reaches the terminal, where an escape sequence could clear the screen, move the cursor or forge
+    output, and a newline break a table line. Printable text, non-ASCII letters included, is kept.
+
+    >>> printable("w\\x1b[2J\\n\\u202eé")
+    'w\\\\x1b[2J\\\\n\\\\u202eé'
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

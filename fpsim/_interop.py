@@ -308,14 +308,14 @@ def _to_torch(a: np.ndarray, as_fmt: Any) -> Any:
         c = _exact_cast(a, dt, f"{f.name} (torch.{tname})")
         if tname in TORCH_FORMATS:
             bits = TORCH_FORMATS[tname][1]
-            raw = np.ascontiguousarray(c).view(np.int16 if bits == 16 else np.uint8)
+            raw = np.asarray(c, order="C").view(np.int16 if bits == 16 else np.uint8)  # asarray: keeps 0-d
             return torch.from_numpy(raw.copy()).view(getattr(torch, tname))
         a = c
     if a.dtype.kind == "V":  # an ml_dtypes result (to_ml_dtypes): exactly through the bits where torch has it
         name = next((t for t, (m, b) in TORCH_FORMATS.items() if m == a.dtype.name and b != 4), None)
         if name is None or not hasattr(torch, name):
             raise TypeError(f"torch has no dtype for {a.dtype}")
-        raw = np.ascontiguousarray(a).view(np.int16 if a.dtype.itemsize == 2 else np.uint8)
+        raw = np.asarray(a, order="C").view(np.int16 if a.dtype.itemsize == 2 else np.uint8)  # keeps 0-d
         return torch.from_numpy(raw.copy()).view(getattr(torch, name))
     if not (a.flags.owndata and a.flags.c_contiguous and a.flags.writeable):
         a = np.array(a, copy=True)  # never hand back a view of the caller's input

@@ -1,7 +1,7 @@
 """Audit a safetensors checkpoint for low-precision casts: which tensors survive FP8, MXFP4, NVFP4, ...?
 
 ``fpsim audit PATH`` (and :func:`audit_checkpoint`) reads a ``.safetensors`` file, or a sharded folder
-with its ``*.safetensors.index.json``, tensor by tensor through memory maps, and for every *target*
+with its ``*.safetensors.index.json``, tensor by tensor (small ones in batches), and for every *target*
 (``FORMAT:SCALING``, e.g. ``fp8_e4m3:tensor``, ``fp4_e2m1:mx32``, ``fp4_e2m1:nvfp4``) reports per tensor
 the amax, the shares of nonzero values that underflow to 0, become subnormal, or overflow (saturate, or
 become inf/NaN), the SQNR and the max and RMS relative error, with a verdict and the tensors most at risk.
@@ -10,12 +10,14 @@ docs/audit.md documents every key, scaling and threshold.
 Nothing in a file is trusted: every header (8-byte little-endian length, then JSON) is parsed here and
 validated (dtypes, shapes, offsets, sizes, overlaps, bounds against the file size) for **all** files
 before any tensor data is read; a bad file raises :class:`SafetensorsError` naming the file and the
-tensor. Data is mapped with :class:`numpy.memmap` one band of rows at a time and processed in chunks,
-so memory stays bounded by a chunk, never the model (never pickle, never the whole file).
+tensor. Data is read with ``pread`` into buffers one band of rows at a time (never mapped: a file that
+shrinks during an audit is an error naming it, not a SIGBUS) and processed in chunks, so memory stays
+bounded by a chunk, never the model (never pickle, never the whole file). Only regular files are opened
+(a FIFO or device is refused before ``open``, which would block on a FIFO).
 
 Quantisation is :mod:`fpsim.scaling`'s (current scaling, per-channel, per-block, MX, NVFP4), each
 rounding through :func:`fpsim.round`; this module only reads, chunks and counts. Tensors go to Dask
-workers (:mod:`fpsim._dask`) as (path, offset, dtype, shape): each worker maps the file itself. Results
+workers (:mod:`fpsim._dask`) as (path, offset, dtype, shape): each worker reads the file itself. Results
 are identical to the serial run (same chunks, same order of every sum).
 
 >>> import numpy as np, os, tempfile, fpsim.audit as A
@@ -34,8 +36,8 @@ from __future__ import annotations
 
 import json
 import math
-import mmap
 import os
+import stat
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,9 +46,11 @@ from typing import IO, Any
 import numpy as np
 
 from . import scaling as S
+from ._cliargs import printable
 from ._fpenv import ieee_mode
 from ._names import norm_name, parse_name
 from .formats import Format, as_format, format_names
+from .rounding import round as _fround
 
 __all__ = [
     "AUDIT_JSON_VERSION",
@@ -87,13 +91,17 @@ THRESHOLDS: dict[str, float] = {
     "warn_sqnr_below_floor_db": 3.0, "risk_sqnr_below_floor_db": 10.0,
 }
 
-# safetensors dtype -> (itemsize, numpy dtype used to read it or None: listed but not audited)
-_DTYPE_SIZES: dict[str, int] = {
-    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
-    "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1,
+# Every dtype of the safetensors format (library 0.8) -> bits per element. F4 and F6 pack elements across
+# bytes: a tensor of them must hold a whole number of bytes (as the library requires).
+_DTYPE_BITS: dict[str, int] = {
+    "F64": 64, "F32": 32, "F16": 16, "BF16": 16, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8,
+    "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "F6_E2M3": 6, "F6_E3M2": 6, "F4": 4, "C64": 64,
+    "I64": 64, "I32": 32, "I16": 16, "I8": 8, "U64": 64, "U32": 32, "U16": 16, "U8": 8, "BOOL": 8,
 }
-#: safetensors dtypes whose tensors are audited (others, e.g. integer tensors, are listed as skipped).
+#: safetensors dtypes whose tensors are audited (the others, e.g. integer, complex, F4 or F8_E8M0 tensors,
+#: are valid and listed as skipped, with their dtype).
 DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+_DTYPE_SIZES: dict[str, int] = {k: _DTYPE_BITS[k] // 8 for k in DTYPES}  # bytes per element of the audited
 
 _HEADER_LIMIT = 100_000_000  # bytes: the safetensors library's own limit on the JSON header
 _CHUNK = 1 << 17  # elements per chunk: the working set (a few dozen bytes per element) stays ~10 MB
@@ -103,7 +111,58 @@ _LARGE_BYTES = 256 << 20  # checkpoints at least this large get a LocalCluster w
 
 class SafetensorsError(ValueError):
     """A safetensors file (or sharded checkpoint index) that cannot be read: the message names the file
-    and, where one is at fault, the tensor. Raised before any tensor data is read."""
+    and, where one is at fault, the tensor. Raised before any tensor data is read, except for a file that
+    changes (shrinks) while it is being audited."""
+
+
+def _brief(v: Any, limit: int = 120) -> str:
+    """``repr(v)`` for an error message, cut to about ``limit`` characters (a hostile header can put a
+    100 MB name or shape into one): repr escapes control characters, so the message stays one safe line."""
+    r = repr(v)
+    return r if len(r) <= limit else f"{r[: limit - 20]}...{r[-12:]} ({len(r)} characters)"
+
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _check_regular(mode: int, what: str) -> None:
+    if not stat.S_ISREG(mode):
+        kind = next((k for test, k in _KINDS if test(mode)), "not a regular file")
+        raise SafetensorsError(f"{what} is {kind}, not a regular file")
+
+
+def _open_regular(path: str, what: str) -> int:
+    """A read-only descriptor of ``path``, which must be a regular file (following symbolic links).
+
+    ``os.stat`` first, so that a FIFO, device or socket is refused without opening it (``open`` of a FIFO
+    blocks until a writer comes; of a socket it fails obscurely); opened with ``O_NONBLOCK`` (no effect on
+    a regular file) and checked again with ``fstat``, in case the path was swapped in between."""
+    _check_regular(os.stat(path).st_mode, what)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+                 | getattr(os, "O_BINARY", 0))
+    try:
+        _check_regular(os.fstat(fd).st_mode, what)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _loads(text: str | bytes, where: str, what: str) -> Any:
+    """``json.loads`` without duplicate keys; any failure is a :class:`SafetensorsError` naming the file:
+    invalid JSON, an integer of more than ``sys.get_int_max_str_digits()`` digits, and nesting too deep for
+    the parser (a ``RecursionError``, e.g. 200 000 brackets), which is refused, never a crash."""
+    try:
+        return json.loads(text, object_pairs_hook=_no_dupes)
+    except _Dup as e:
+        raise SafetensorsError(f"{where}: {what} names {_brief(e.args[0])} twice") from None
+    except json.JSONDecodeError as e:
+        raise SafetensorsError(f"{where}: {what} is not valid JSON ({e.msg} at byte {e.pos})") from None
+    except RecursionError:
+        raise SafetensorsError(f"{where}: {what} is nested too deeply to parse (a hostile or corrupt file)") from None
+    except ValueError as e:  # e.g. an integer with more digits than Python converts
+        raise SafetensorsError(f"{where}: {what} is not valid JSON ({' '.join(str(e).split())})") from None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -125,6 +184,11 @@ class TensorInfo:
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def where(self) -> str:
+        """``safetensors file '...', tensor '...'``: how error messages name this tensor."""
+        return f"safetensors file {_brief(self.file, 400)}, tensor {_brief(self.name)}"
 
 
 def _no_dupes(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -168,9 +232,9 @@ def read_header(path: str | os.PathLike[str]) -> tuple[list[TensorInfo], dict[st
     [('b', 'F16', (3,), 6)]
     """
     p = os.fspath(path)
-    with open(p, "rb") as f:
+    where = f"safetensors file {_brief(p, 400)}"
+    with os.fdopen(_open_regular(p, where), "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        where = f"safetensors file {p!r}"
         if size < 8:
             raise SafetensorsError(f"{where} is {size} bytes: too short for the 8-byte header length (truncated?)")
         (n,) = struct.unpack("<Q", _read_exact(f, 8))
@@ -186,12 +250,7 @@ def read_header(path: str | os.PathLike[str]) -> tuple[list[TensorInfo], dict[st
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise SafetensorsError(f"{where}: the header is not UTF-8 ({e.reason} at byte {e.start})") from None
-    try:
-        head = json.loads(text, object_pairs_hook=_no_dupes)
-    except _Dup as e:
-        raise SafetensorsError(f"{where}: the header names {e.args[0]!r} twice") from None
-    except json.JSONDecodeError as e:
-        raise SafetensorsError(f"{where}: the header is not valid JSON ({e.msg} at byte {e.pos})") from None
+    head = _loads(text, where, "the header")
     if not isinstance(head, dict):
         raise SafetensorsError(f"{where}: the header is a JSON {type(head).__name__}, not an object")
     meta = head.pop("__metadata__", {})
@@ -201,25 +260,31 @@ def read_header(path: str | os.PathLike[str]) -> tuple[list[TensorInfo], dict[st
     data_size = size - data_start
     out: list[TensorInfo] = []
     for name, ent in head.items():
-        at = f"{where}, tensor {name!r}"
+        at = f"{where}, tensor {_brief(name)}"
         if not isinstance(ent, dict) or set(ent) != {"dtype", "shape", "data_offsets"}:
             got = sorted(ent) if isinstance(ent, dict) else type(ent).__name__
-            raise SafetensorsError(f"{at}: entry must have exactly the keys dtype, shape, data_offsets; got {got}")
+            raise SafetensorsError(f"{at}: entry must have exactly the keys dtype, shape, data_offsets; "
+                                   f"got {_brief(got)}")
         dt, shape, offs = ent["dtype"], ent["shape"], ent["data_offsets"]
-        if not isinstance(dt, str) or dt not in _DTYPE_SIZES:
-            raise SafetensorsError(f"{at}: unknown dtype {dt!r}; valid: {', '.join(_DTYPE_SIZES)}")
+        if not isinstance(dt, str) or dt not in _DTYPE_BITS:
+            raise SafetensorsError(f"{at}: unknown dtype {_brief(dt)}; valid: {', '.join(_DTYPE_BITS)}")
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
-            raise SafetensorsError(f"{at}: shape must be a list of non-negative integers, got {shape!r}")
+            raise SafetensorsError(f"{at}: shape must be a list of non-negative integers, got {_brief(shape)}")
         if (not isinstance(offs, list) or len(offs) != 2 or not all(_is_int(o) for o in offs)
                 or not 0 <= offs[0] <= offs[1]):
-            raise SafetensorsError(f"{at}: data_offsets must be [begin, end] with 0 <= begin <= end, got {offs!r}")
-        need = math.prod(shape) * _DTYPE_SIZES[dt]
+            raise SafetensorsError(f"{at}: data_offsets must be [begin, end] with 0 <= begin <= end, "
+                                   f"got {_brief(offs)}")
+        bits = math.prod(shape) * _DTYPE_BITS[dt]
+        if bits % 8:
+            raise SafetensorsError(f"{at}: shape {_brief(shape)} of {dt} ({_DTYPE_BITS[dt]}-bit elements) is "
+                                   "not a whole number of bytes")
+        need = bits // 8
         if offs[1] - offs[0] != need:
-            raise SafetensorsError(f"{at}: data_offsets {offs} hold {offs[1] - offs[0]} bytes, but shape {shape} "
-                                   f"of {dt} needs {need}")
+            raise SafetensorsError(f"{at}: data_offsets {_brief(offs)} hold {offs[1] - offs[0]} bytes, but shape "
+                                   f"{_brief(shape)} of {dt} needs {_brief(need, 40)}")
         if offs[1] > data_size:
-            raise SafetensorsError(f"{at}: data_offsets {offs} end past the end of the file (its data section "
-                                   f"has {data_size} bytes; truncated?)")
+            raise SafetensorsError(f"{at}: data_offsets {_brief(offs)} end past the end of the file (its data "
+                                   f"section has {data_size} bytes; truncated?)")
         out.append(TensorInfo(name, os.path.abspath(p), dt, tuple(shape), data_start + offs[0], need))
     out.sort(key=lambda t: (t.offset, t.nbytes))
     prev: TensorInfo | None = None
@@ -227,7 +292,7 @@ def read_header(path: str | os.PathLike[str]) -> tuple[list[TensorInfo], dict[st
         if t.nbytes == 0:
             continue
         if prev is not None and t.offset < prev.offset + prev.nbytes:
-            raise SafetensorsError(f"{where}, tensor {t.name!r}: its data overlaps tensor {prev.name!r}'s "
+            raise SafetensorsError(f"{where}, tensor {_brief(t.name)}: its data overlaps tensor {_brief(prev.name)}'s "
                                    f"(bytes {prev.offset - data_start}..{prev.offset - data_start + prev.nbytes} "
                                    f"and {t.offset - data_start}..{t.offset - data_start + t.nbytes})")
         prev = t
@@ -272,41 +337,38 @@ def list_tensors(path: str | os.PathLike[str]) -> list[TensorInfo]:
 
 
 def _read_index(p: str) -> list[TensorInfo]:
-    where = f"checkpoint index {p!r}"
-    with open(p, "rb") as f:
+    where = f"checkpoint index {_brief(p, 400)}"
+    with os.fdopen(_open_regular(p, where), "rb") as f:
         raw = f.read(_HEADER_LIMIT + 1)
     if len(raw) > _HEADER_LIMIT:
         raise SafetensorsError(f"{where} is larger than {_HEADER_LIMIT} bytes")
     try:
-        idx = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_dupes)
-    except _Dup as e:
-        raise SafetensorsError(f"{where} names {e.args[0]!r} twice") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SafetensorsError(f"{where} is not valid UTF-8 JSON ({e})") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SafetensorsError(f"{where} is not UTF-8 ({e.reason} at byte {e.start})") from None
+    idx = _loads(text, where, "the index")
     wm = idx.get("weight_map") if isinstance(idx, dict) else None
     if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
         raise SafetensorsError(f"{where} needs a 'weight_map' object mapping tensor names to shard file names")
     folder = os.path.dirname(os.path.abspath(p))
-    shards: list[str] = []
-    for name, fn in wm.items():
-        if fn != os.path.basename(fn) or fn in ("", ".", "..") or not fn.endswith(".safetensors"):
-            raise SafetensorsError(f"{where}, tensor {name!r}: shard {fn!r} is not a .safetensors file name in "
-                                   "the index's folder")
-        if fn not in shards:
-            shards.append(fn)
+    shards: dict[str, set[str]] = {}  # shard -> its tensors, shards in order of first appearance (a dict, not
+    for name, fn in wm.items():        # a list searched per entry: a million-entry map was quadratic)
+        if (fn != os.path.basename(fn) or fn in ("", ".", "..") or "\x00" in fn or os.path.isabs(fn)
+                or not fn.endswith(".safetensors")):
+            raise SafetensorsError(f"{where}, tensor {_brief(name)}: shard {_brief(fn)} is not a .safetensors file "
+                                   "name in the index's folder")
+        shards.setdefault(fn, set()).add(name)
     out: list[TensorInfo] = []
-    for fn in shards:
+    for fn, want in shards.items():
         sp = os.path.join(folder, fn)
-        if not os.path.isfile(sp):
-            raise SafetensorsError(f"{where}: shard {fn!r} (of tensor "
-                                   f"{next(k for k, v in wm.items() if v == fn)!r}) is missing")
+        if not os.path.lexists(sp):
+            raise SafetensorsError(f"{where}: shard {_brief(fn)} (of tensor {_brief(min(want))}) is missing")
         ts = read_header(sp)[0]
         have = {t.name for t in ts}
-        want = {k for k, v in wm.items() if v == fn}
         if want - have:
-            raise SafetensorsError(f"{where}: tensor {sorted(want - have)[0]!r} is not in shard {fn!r}")
+            raise SafetensorsError(f"{where}: tensor {_brief(min(want - have))} is not in shard {_brief(fn)}")
         if have - want:
-            raise SafetensorsError(f"{where}: shard {fn!r} holds tensor {sorted(have - want)[0]!r}, which the "
+            raise SafetensorsError(f"{where}: shard {_brief(fn)} holds tensor {_brief(min(have - want))}, which the "
                                    "weight_map does not list (or lists in another shard)")
         out += ts
     return out
@@ -345,9 +407,10 @@ def save_safetensors(tensors: Mapping[str, Any], path: str | os.PathLike[str], *
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
         raise TypeError("metadata must map strings to strings")
     arrays: list[tuple[str, np.ndarray, str]] = []
-    for name in sorted(tensors):
+    for name in tensors:  # checked before sorting: mixed key types made sorted() raise an unnamed TypeError
         if not isinstance(name, str) or not name or name == "__metadata__":
             raise ValueError(f"tensor names must be non-empty strings other than '__metadata__', got {name!r}")
+    for name in sorted(tensors):
         a = np.asarray(tensors[name])
         st = _NP_TO_ST.get(a.dtype.name)
         if st is None:
@@ -355,7 +418,7 @@ def save_safetensors(tensors: Mapping[str, Any], path: str | os.PathLike[str], *
                             f"{', '.join(_NP_TO_ST)}")
         if a.dtype.byteorder == ">":
             a = a.astype(a.dtype.newbyteorder("<"))
-        arrays.append((name, np.ascontiguousarray(a), st))
+        arrays.append((name, np.asarray(a, order="C"), st))  # not ascontiguousarray: it makes 0-d arrays 1-d
     head: dict[str, Any] = {}
     if meta:
         head["__metadata__"] = meta
@@ -513,46 +576,76 @@ def _pieces(R: int, C: int, band: int, chunk: int) -> list[tuple[int, int, int, 
 
 
 class _Mapped:
-    """A tensor's bytes, one band of rows mapped at a time (and unmapped after), read as float carriers."""
+    """A tensor's bytes, read (``pread``) one band of rows at a time into fresh buffers, as float carriers.
 
-    def __init__(self, t: TensorInfo) -> None:
+    Never memory-mapped: a mapped page past the end of a file that shrank after its header was checked
+    (a checkpoint rewritten in place during the audit) kills the process with SIGBUS; a read there
+    just comes back short, which is an error naming the file and the tensor. ``fd``: an open descriptor of
+    ``t.file`` to read through (the caller closes it); without one, each :meth:`read` opens the file."""
+
+    def __init__(self, t: TensorInfo, fd: int | None = None) -> None:
         self.t = t
+        self.fd = fd
         self.R, self.C = _as_2d(t.shape)
         self.dt = _read_dtype(t.dtype)
         self.item = _DTYPE_SIZES[t.dtype]
         self.carrier = np.float64 if t.dtype == "F64" else np.float32
 
+    def _pread(self, fd: int, buf: np.ndarray, offset: int) -> None:
+        """Fill ``buf`` (C-contiguous) with the file's bytes from ``offset``; short means the file shrank."""
+        mv = memoryview(buf.data).cast("B")
+        got = 0
+        while got < len(mv):
+            if hasattr(os, "preadv"):
+                k = os.preadv(fd, [mv[got:]], offset + got)
+            else:  # pragma: no cover - Windows: no pread
+                os.lseek(fd, offset + got, os.SEEK_SET)
+                k = os.readv(fd, [mv[got:]]) if hasattr(os, "readv") else _readinto(fd, mv[got:])
+            if k == 0:
+                size = os.fstat(fd).st_size
+                raise SafetensorsError(
+                    f"{self.t.where}: the file ends at byte {size}, inside the tensor's data (bytes {self.t.offset}.."
+                    f"{self.t.offset + self.t.nbytes}): it shrank after its header was checked (rewritten "
+                    "during the audit?)")
+            got += k
+
     def read(self, r0: int, r1: int, c0: int, c1: int, out: np.ndarray | None = None) -> np.ndarray:
         """float32 (float64 for F64) copy of rows r0:r1, columns c0:c1 (BF16: into ``out``'s first
         elements when given, a flat float32 scratch array at least that large)."""
-        start = self.t.offset + r0 * self.C * self.item
-        n = (r1 - r0) * self.C
-        if n == 0 or c1 == c0:
+        if r1 == r0 or c1 == c0:
             return np.zeros((r1 - r0, c1 - c0), self.carrier)
-        # np.memmap needs an offset that is a multiple of the page size only internally (it aligns itself).
-        mm = np.memmap(self.t.file, dtype=self.dt, mode="r", offset=start, shape=(r1 - r0, self.C))
+        raw = np.empty((r1 - r0, c1 - c0), self.dt)
+        fd = self.fd if self.fd is not None else \
+            _open_regular(self.t.file, f"safetensors file {_brief(self.t.file, 400)}")
         try:
-            raw = np.asarray(mm[:, c0:c1])
-            if self.t.dtype.startswith("F8"):
-                out = _f8_table(self.t.dtype)[raw]
-            elif self.t.dtype == "BF16":
-                if out is not None and out.dtype == np.float32 and out.size >= raw.size:
-                    bits = out[: raw.size].view(np.uint32).reshape(raw.shape)
-                    out = np.left_shift(raw, 16, out=bits, dtype=np.uint32).view(np.float32)
-                else:
-                    out = np.left_shift(raw, 16, dtype=np.uint32).view(np.float32)
-            else:
-                out = raw.astype(self.carrier)
-            del raw
+            base = self.t.offset + (r0 * self.C + c0) * self.item
+            if c0 == 0 and c1 == self.C:  # whole rows: one contiguous read
+                self._pread(fd, raw, base)
+            else:  # a column piece of a band: one read per row
+                for i in range(r1 - r0):
+                    self._pread(fd, raw[i], base + i * self.C * self.item)
         finally:
-            m = getattr(mm, "_mmap", None)
-            del mm
-            if isinstance(m, mmap.mmap):
-                try:
-                    m.close()
-                except BufferError:  # pragma: no cover - a view still alive: the GC unmaps it
-                    pass
-        return out
+            if self.fd is None:
+                os.close(fd)
+        if self.t.dtype.startswith("F8"):
+            decoded: np.ndarray = _f8_table(self.t.dtype)[raw]
+            return decoded
+        if self.t.dtype == "BF16":
+            if out is not None and out.dtype == np.float32 and out.size >= raw.size:
+                bits = out[: raw.size].view(np.uint32).reshape(raw.shape)
+                shifted: np.ndarray = np.left_shift(raw, 16, out=bits, dtype=np.uint32)
+            else:
+                shifted = np.left_shift(raw, 16, dtype=np.uint32)
+            return shifted.view(np.float32)
+        if raw.dtype == self.carrier:
+            return raw
+        return raw.astype(self.carrier)
+
+
+def _readinto(fd: int, mv: memoryview) -> int:  # pragma: no cover - Windows only
+    data = os.read(fd, len(mv))
+    mv[: len(data)] = data
+    return len(data)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -718,22 +811,27 @@ class _Acc:
                 self.maxrel = max(self.maxrel, float(np.max(np.abs(rel, out=rel))))
 
     def result(self) -> dict[str, Any]:
-        n = self.nz
-        if self.se2 == 0 or not math.isfinite(self.se2):
-            sqnr = math.inf if self.se2 == 0 else -math.inf
-        else:
-            sqnr = 10.0 * math.log10(self.sx2 / self.se2) if self.sx2 > 0 else -math.inf
-        r: dict[str, Any] = {
-            "underflow": self.under / n if n else 0.0,
-            "subnormal": self.sub / n if n else 0.0,
-            "overflow": self.over / n if n else 0.0,
-            "sqnr_db": sqnr,
-            "max_rel_error": self.maxrel if math.isfinite(self.maxrel) else math.inf,
-            "rms_rel_error": math.sqrt(self.srel2 / n) if n else 0.0,
-            "nonzero": n,
-        }
-        r["verdict"], r["reasons"] = _verdict(self.tg, r)
-        return r
+        return _stats(self.tg, self.nz, self.under, self.sub, self.over, self.sx2, self.se2, self.srel2, self.maxrel)
+
+
+def _stats(tg: Target, n: int, under: int, sub: int, over: int, sx2: float, se2: float, srel2: float,
+           maxrel: float) -> dict[str, Any]:
+    """One target's JSON statistics of one tensor from its counts and sums (:class:`_Acc`, :func:`_audit_batch`)."""
+    if se2 == 0 or not math.isfinite(se2):
+        sqnr = math.inf if se2 == 0 else -math.inf
+    else:
+        sqnr = 10.0 * math.log10(sx2 / se2) if sx2 > 0 else -math.inf
+    r: dict[str, Any] = {
+        "underflow": under / n if n else 0.0,
+        "subnormal": sub / n if n else 0.0,
+        "overflow": over / n if n else 0.0,
+        "sqnr_db": sqnr,
+        "max_rel_error": maxrel if math.isfinite(maxrel) else math.inf,
+        "rms_rel_error": math.sqrt(srel2 / n) if n else 0.0,
+        "nonzero": n,
+    }
+    r["verdict"], r["reasons"] = _verdict(tg, r)
+    return r
 
 
 def _verdict(tg: Target, r: Mapping[str, Any]) -> tuple[str, list[str]]:
@@ -786,9 +884,23 @@ def audit_tensor(t: TensorInfo, targets: Sequence[str | Target] | None = None, *
     entry: dict[str, Any] = {"name": t.name, "file": os.path.basename(t.file), "dtype": t.dtype,
                              "shape": list(t.shape), "numel": t.numel, "bytes": t.nbytes}
     if t.dtype not in DTYPES:
-        entry["skipped"] = f"dtype {t.dtype} is not a float dtype audited here ({', '.join(DTYPES)})"
+        entry["skipped"] = f"dtype {t.dtype} is not audited (audited: {', '.join(DTYPES)})"
         return entry
-    m = _Mapped(t)
+    if t.numel == 0:  # nothing to read or allocate, whatever the nominal shape (e.g. [2**40, 0])
+        entry.update({"amax": 0.0, "nan": 0, "inf": 0, "zeros": 0,
+                      "targets": {g.name: _Acc(g).result() for g in tgs}})
+        return entry
+    fd = _open_regular(t.file, f"safetensors file {_brief(t.file, 400)}")
+    try:
+        entry.update(_audit_data(_Mapped(t, fd), tgs, chunk))
+    finally:
+        os.close(fd)
+    return entry
+
+
+def _audit_data(m: _Mapped, tgs: list[Target], chunk: int) -> dict[str, Any]:
+    """The statistics of one tensor with at least one element (:func:`audit_tensor`'s two passes)."""
+    t = m.t
     band = 128 if any(g.scaling == "block128x128" for g in tgs) else 1
     pieces = _pieces(m.R, m.C, band, chunk) if t.numel else []
     cached = m.read(*pieces[0]) if len(pieces) == 1 else None
@@ -796,9 +908,9 @@ def audit_tensor(t: TensorInfo, targets: Sequence[str | Target] | None = None, *
     xbuf = np.empty(min(t.numel, _GROUP * chunk), np.float32) if t.dtype == "BF16" and cached is None else None
     zero = m.carrier(0)
     amax_p, amax_f = zero, zero  # NaN-propagating (as fpsim.scaling.amax) and NaN-skipping (as NVFP4's)
-    row_amax = np.zeros(m.R, m.carrier)
+    rows = any(g.scaling == "channel" for g in tgs)
+    row_amax = np.zeros(m.R if rows else 0, m.carrier)  # only when needed: R can be as large as the tensor
     if any(g.scaling in ("tensor", "channel", "nvfp4") for g in tgs):  # pass 1: whole-tensor amaxes
-        rows = any(g.scaling == "channel" for g in tgs)
         for pc in pieces:
             x = cached if cached is not None else m.read(*pc, out=xbuf)
             if x.size == 0:
@@ -836,9 +948,8 @@ def audit_tensor(t: TensorInfo, targets: Sequence[str | Target] | None = None, *
         for g, acc, c in zip(tgs, accs, ctxs):
             q, d = _quantize(g, x, c, pc[0], pc[1])
             acc.add(piece, q, d)
-    entry.update({"amax": amax, "nan": nan, "inf": inf, "zeros": zeros,
-                  "targets": {g.name: acc.result() for g, acc in zip(tgs, accs)}})
-    return entry
+    return {"amax": amax, "nan": nan, "inf": inf, "zeros": zeros,
+            "targets": {g.name: acc.result() for g, acc in zip(tgs, accs)}}
 
 
 def _groups(pieces: list[tuple[int, int, int, int]], limit: int) -> list[list[tuple[int, int, int, int]]]:
@@ -854,6 +965,231 @@ def _groups(pieces: list[tuple[int, int, int, int]], limit: int) -> list[list[tu
             out[-1].append(pc)
         else:
             out.append([pc])
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Many small tensors at once
+#
+# A checkpoint may hold thousands of tiny tensors (biases, norms, scales; a hostile header millions): one
+# at a time, each paid ~6 ms of per-call overhead (parsing, quantiser set-up, dozens of NumPy calls on a
+# handful of elements). Tensors of at most _SMALL elements (one piece each in audit_tensor) are instead
+# audited in batches: their rows stacked, zero-padded, into one matrix per (file, dtype, padded width);
+# each target quantised once for the whole batch with per-row scales (every scaling but 128x128 blocks
+# works row by row: per-tensor and per-row scales are elementwise, 1x128 / 1x32 / 1x16 blocks never cross
+# a row); the counts and maxima reduced per tensor with ufunc.reduceat, and every float sum still taken
+# with numpy.einsum over each tensor's own elements. The same operations on the same values: reports
+# identical, bit for bit, to audit_tensor's (tests/test_hardening_audit.py checks it).
+
+_SMALL = 4096  # elements: tensors up to this size (and up to ``chunk``) are batched
+_BATCH_ELEMS = 1 << 17  # padded elements per batch (the working set of a chunk)
+_BATCH_TENSORS = 4096
+
+
+def _batchable(t: TensorInfo, tgs: Sequence[Target], chunk: int) -> bool:
+    return (t.dtype in DTYPES and 0 < t.numel <= min(_SMALL, chunk)
+            and not any(g.scaling == "block128x128" for g in tgs))
+
+
+def _batches(infos: Sequence[TensorInfo], idx: Sequence[int]) -> list[list[int]]:
+    """Indices of batchable tensors grouped by (file, dtype, padded row width), in checkpoint order."""
+    groups: dict[tuple[str, str, int], list[list[int]]] = {}
+    nrows: dict[tuple[str, str, int], int] = {}  # rows in the group's last batch
+    for i in idx:
+        t = infos[i]
+        r, c = _as_2d(t.shape)
+        w = -(-c // 128) * 128
+        key = (t.file, t.dtype, w)
+        bs = groups.setdefault(key, [[]])
+        if bs[-1] and (len(bs[-1]) >= _BATCH_TENSORS or (nrows[key] + r) * w > _BATCH_ELEMS):
+            bs.append([])
+        if not bs[-1]:
+            nrows[key] = 0
+        bs[-1].append(i)
+        nrows[key] += r
+    return [b for bs in groups.values() for b in bs]
+
+
+def _nvfp4_rows(p: np.ndarray, gam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`fpsim.scaling.nvfp4_quantize` (blocks of 16 along rows, round to nearest even) of every row
+    of ``p`` with its own tensor amax ``gam`` (float32, one per row): the same float32 operations, the
+    per-tensor scalars s_enc and s_dec made per-row arrays. Returns (elements, dequantised values)."""
+    fp4, fp8 = as_format("fp4_e2m1"), as_format("fp8_e4m3")
+    f32, fmax = np.float32, np.float32(np.finfo(np.float32).max)
+    with np.errstate(over="ignore"):
+        a32 = p.astype(f32, copy=False)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        s_enc = np.minimum((f32(fp8.max * fp4.max) / gam).astype(f32), fmax).astype(f32)
+        s_enc = np.where(s_enc == 0, f32(1.0), s_enc).astype(f32)
+        s_dec = (f32(1.0) / s_enc).astype(f32)
+        mult = (s_enc * f32(1.0 / fp4.max)).astype(f32)
+        bam = np.asarray(S.amax(a32, block=(1, 16)), dtype=f32)
+        d32 = np.minimum((bam * mult[:, None]).astype(f32), fmax)
+        d32 = np.clip(d32, -fp8.max, fp8.max).astype(f32)
+        d = np.asarray(_fround(d32, fp8, "rne", overflow="saturate"), dtype=f32)
+        enc = np.minimum((f32(1.0) / (d * s_dec[:, None]).astype(f32)).astype(f32), fmax).astype(f32)
+        scaled = (a32.reshape(a32.shape[0], -1, 16) * enc[:, :, None]).reshape(a32.shape).astype(f32, copy=False)
+    S._presaturate(scaled, fp4)
+    q = np.asarray(_fround(scaled, fp4, "rne", overflow="saturate")).astype(p.dtype, copy=False)
+    with np.errstate(over="ignore", invalid="ignore"):  # as _quantize: float32 decode scale, one multiply
+        s = (d * s_dec[:, None]).astype(f32)
+        dq = (q.reshape(q.shape[0], -1, 16) * s[:, :, None].astype(q.dtype)).reshape(q.shape)
+    return q, dq
+
+
+def _segdot(v: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[float]:
+    """:func:`_dot` of each tensor's own elements ``v[starts[k]:ends[k]]``: the same einsum call, except
+    for tensors of one or two elements, whose einsum sum of float64 squares is ``p0`` or ``p0 + p1`` in any
+    summation order (adding the zeros of unused SIMD lanes is exact, the squares are >= +0 or NaN), so
+    they are summed here all at once (one einsum call costs ~7 us, most of a tiny tensor's audit)."""
+    lens = ends - starts
+    out: list[float] = [0.0] * len(starts)
+    tiny = np.flatnonzero(lens <= 2)
+    if tiny.size:
+        a0 = v[starts[tiny]].astype(np.float64)
+        sq = a0 * a0
+        two = lens[tiny] == 2
+        if two.any():
+            a1 = v[np.where(two, starts[tiny] + 1, starts[tiny])].astype(np.float64)
+            sq = np.where(two, sq + a1 * a1, sq)
+        for k, val in zip(tiny.tolist(), sq.tolist()):
+            out[k] = val
+    for k in np.flatnonzero(lens > 2).tolist():
+        a, b = int(starts[k]), int(ends[k])
+        out[k] = float(np.einsum("i,i->", v[a:b], v[a:b], dtype=np.float64))
+    return out
+
+
+@ieee_mode
+def _audit_batch(ts: Sequence[TensorInfo], tgs: Sequence[Target], fd: int | None = None) -> list[dict[str, Any]]:
+    """:func:`audit_tensor`'s entries for small tensors of one file and dtype, computed together."""
+    t0 = ts[0]
+    K = len(ts)
+    shapes = [_as_2d(t.shape) for t in ts]
+    R = np.array([r for r, _ in shapes], np.int64)
+    C = np.array([c for _, c in shapes], np.int64)
+    n = R * C
+    W = int(-(-int(C.max()) // 128) * 128)
+    starts = np.zeros(K, np.int64)
+    np.cumsum(n[:-1], out=starts[1:])
+    ends = starts + n
+    N = int(n.sum())
+    rstart = np.zeros(K, np.int64)
+    np.cumsum(R[:-1], out=rstart[1:])
+    rows = int(R.sum())
+    # read and decode every tensor into one flat array (tensor after tensor, each in C order)
+    h = _open_regular(t0.file, f"safetensors file {_brief(t0.file, 400)}") if fd is None else fd
+    try:
+        m0 = _Mapped(t0, h)
+        raw = np.empty(N, m0.dt)
+        for t, a, b in zip(ts, starts.tolist(), ends.tolist()):
+            _Mapped(t, h)._pread(h, raw[a:b], t.offset)
+    finally:
+        if fd is None:
+            os.close(h)
+    if t0.dtype.startswith("F8"):
+        x = _f8_table(t0.dtype)[raw]
+    elif t0.dtype == "BF16":
+        x = np.left_shift(raw, 16, dtype=np.uint32).view(np.float32)
+    else:
+        x = raw.astype(m0.carrier)
+    carrier = m0.carrier
+    tid = np.repeat(np.arange(K), n)
+    li = np.arange(N) - starts[tid]
+    ce = C[tid]
+    prow = rstart[tid] + li // ce
+    pcol = li % ce
+    rtid = np.repeat(np.arange(K), R)
+    rowstarts = starts[rtid] + (np.arange(rows) - rstart[rtid]) * C[rtid]  # where each row starts in x
+    zero = carrier(0)
+    # pass 1: whole-tensor amaxes, as audit_tensor (NaN-propagating and NaN-skipping), and per row
+    ax = np.abs(x)
+    amax_p = np.maximum(zero, np.maximum.reduceat(ax, starts))
+    amax_f = np.fmax(zero, np.fmax.reduceat(ax, starts))
+    with np.errstate(over="ignore"):
+        gam = np.where(np.isfinite(amax_f), amax_f.astype(np.float32), np.float32(0)).astype(np.float32)
+    row_amax = np.maximum(zero, np.maximum.reduceat(ax, rowstarts)) if any(g.scaling == "channel" for g in tgs) \
+        else None
+    p = np.zeros((rows, W), carrier)
+    p[prow, pcol] = x
+    # target-independent facts (_Piece), per tensor
+    sx2 = _segdot(x, starts, ends)
+    fin = np.isfinite(x)
+    masked = [not math.isfinite(v) for v in sx2]
+    if any(masked):
+        xf = np.where(fin, x, 0).astype(x.dtype)
+        sx2 = [s2 if not mk else v for s2, mk, v in zip(sx2, masked, _segdot(xf, starts, ends))]
+    else:
+        xf = x
+    nonfin = np.add.reduceat(~fin, starts, dtype=np.int64)
+    xzero = xf == 0
+    zeros = np.add.reduceat(xzero, starts, dtype=np.int64) - nonfin
+    nz = n - zeros - nonfin
+    den = xf if not xzero.any() else np.where(xzero, 1, xf).astype(x.dtype)
+    nans = np.add.reduceat(np.isnan(x), starts, dtype=np.int64) if nonfin.any() else nonfin
+    amax = np.maximum.reduceat(np.abs(xf), starts)
+    res: list[dict[str, Any]] = [{} for _ in range(K)]
+    for g in tgs:
+        f, sc = g.fmt, g.scaling
+        if sc == "none":
+            q = S.quantize(p, f, 1.0)
+            d = q
+        elif sc in ("tensor", "channel"):
+            s = S.compute_scale(amax_p, f)[rtid] if sc == "tensor" else S.compute_scale(row_amax, f)
+            q = S.quantize(p, f, s, axis=0)
+            d = S.dequantize(q, s, axis=0)
+        elif sc == "block128":
+            q, s = S.scale_and_quantize(p, f, block=(1, 128))
+            d = S.dequantize(q, s, block=(1, 128))
+        elif sc == "mx32":
+            q, s = S.mx_quantize(p, f, block=32, axis=-1)
+            d = (q.reshape(q.shape[0], -1, 32) * s[:, :, None].astype(q.dtype)).reshape(q.shape)
+        else:  # nvfp4
+            q, d = _nvfp4_rows(p, gam[rtid])
+        q, d = q[prow, pcol], d[prow, pcol]  # back to each tensor's own elements, tensor after tensor
+        ratio, tie = _overflow_rule(f)
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            if any(masked):
+                q = np.where(fin, q, 0).astype(q.dtype)
+                d = np.where(fin, d, 0).astype(d.dtype)
+            e = d - xf
+            se2 = _segdot(e, starts, ends)
+            aq = np.abs(q)
+            qzero = np.add.reduceat(aq == 0, starts, dtype=np.int64)
+            under = np.add.reduceat(d == 0, starts, dtype=np.int64) - zeros
+            sub = np.add.reduceat(aq < f.min_normal, starts, dtype=np.int64) - qzero
+            badt = [k for k, v in enumerate(se2) if not math.isfinite(v)]
+            bad = np.zeros(N, bool)
+            for k in badt:
+                a, b = int(starts[k]), int(ends[k])
+                bad[a:b] = ~np.isfinite(d[a:b])
+            sat = np.flatnonzero(aq == f.max)
+            over = np.zeros(K, np.int64)
+            if sat.size:
+                axs = np.abs(x[sat]).astype(np.float64)
+                lim = np.abs(d[sat]).astype(np.float64) * ratio
+                big = (axs >= lim) if tie else (axs > lim)
+                if badt:
+                    big &= ~bad[sat]
+                over += np.bincount(tid[sat][big], minlength=K)
+            if badt:
+                over += np.add.reduceat(bad, starts, dtype=np.int64)
+                np.copyto(e, 0, where=bad)
+                se2b = _segdot(e, starts, ends)
+                for k in badt:
+                    se2[k] = se2b[k]
+            rel = np.divide(e, den, out=e) if e.dtype == np.result_type(e, den) else e / den
+            srel2 = _segdot(rel, starts, ends)
+            mrel = np.maximum.reduceat(np.abs(rel, out=rel), starts).tolist()
+        for k in range(K):
+            res[k][g.name] = _stats(g, int(nz[k]), int(under[k]), int(sub[k]), int(over[k]), 0.0 + sx2[k],
+                                    0.0 + se2[k], 0.0 + srel2[k], max(0.0, float(mrel[k])))
+    out = []
+    amaxl, nanl, nonl, zl = amax.tolist(), nans.tolist(), nonfin.tolist(), zeros.tolist()
+    for k, t in enumerate(ts):
+        out.append({"name": t.name, "file": os.path.basename(t.file), "dtype": t.dtype, "shape": list(t.shape),
+                    "numel": t.numel, "bytes": t.nbytes, "amax": max(0.0, float(amaxl[k])), "nan": int(nanl[k]),
+                    "inf": int(nonl[k] - nanl[k]), "zeros": int(zl[k]), "targets": res[k]})
     return out
 
 
@@ -897,11 +1233,17 @@ def _in_dask_worker() -> bool:
     return True
 
 
-def _audit_job(job: tuple[TensorInfo, tuple[str, ...], int]) -> dict[str, Any]:
-    """What a worker runs: plain data in (path, offset, dtype, shape; target names), a small dict out."""
+_Job = tuple[tuple[TensorInfo, ...], tuple[Target, ...], int]
+
+
+def _audit_job(job: _Job) -> list[dict[str, Any]]:
+    """What a worker runs: plain data in (path, offset, dtype, shape of one tensor, or of a batch of small
+    ones; the parsed targets), small dicts out (one per tensor)."""
     _tune_malloc()
-    t, names, chunk = job
-    return audit_tensor(t, list(names), chunk=chunk)
+    ts, tgs, chunk = job
+    if len(ts) == 1 and not _batchable(ts[0], tgs, chunk):
+        return [audit_tensor(ts[0], list(tgs), chunk=chunk)]
+    return _audit_batch(ts, tgs)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -986,19 +1328,23 @@ def audit_checkpoint(path: str | os.PathLike[str], targets: Sequence[str | Targe
         workers = check_workers(workers)
     infos = list_tensors(path)  # every header checked before any data is touched
     names = tuple(g.name for g in tgs)
-    jobs = [(t, names, chunk) for t in infos]
+    targets_t = tuple(tgs)  # parsed once here, not once per tensor
+    small = [i for i, t in enumerate(infos) if _batchable(t, targets_t, chunk)]
+    groups = _batches(infos, small) + [[i] for i, t in enumerate(infos) if not _batchable(t, targets_t, chunk)]
+    jobs: list[_Job] = [(tuple(infos[i] for i in grp), targets_t, chunk) for grp in groups]
     total = sum(t.nbytes for t in infos)
     # biggest first keeps workers busy to the end; results are put back in checkpoint order
-    order = sorted(range(len(jobs)), key=lambda i: -infos[i].nbytes)
-    results: list[dict[str, Any] | None] = [None] * len(jobs)
-    bar = progress_bar(len(jobs), desc="audit", enabled=progress)
+    order = sorted(range(len(jobs)), key=lambda j: -sum(t.nbytes for t in jobs[j][0]))
+    results: list[dict[str, Any] | None] = [None] * len(infos)
+    bar = progress_bar(len(infos), desc="audit", enabled=progress)
     try:
         parallel = client is not None or scheduler is not None or (
             workers != 0 and (workers is not None or total >= _LARGE_BYTES))
         if not parallel:
-            for i in order:
-                results[i] = _audit_job(jobs[i])
-                bar.update(1)
+            for j in order:
+                for i, r in zip(groups[j], _audit_job(jobs[j])):
+                    results[i] = r
+                bar.update(len(groups[j]))
         else:
             import uuid
 
@@ -1011,8 +1357,10 @@ def audit_checkpoint(path: str | os.PathLike[str], targets: Sequence[str | Targe
 
                 try:
                     for fut in distributed.as_completed(list(futs), loop=c.loop):  # type: ignore[no-untyped-call]
-                        results[futs[fut]] = fut.result()
-                        bar.update(1)
+                        grp = groups[futs[fut]]
+                        for i, r in zip(grp, fut.result()):
+                            results[i] = r
+                        bar.update(len(grp))
                 except BaseException:
                     c.cancel([f for f in futs if not f.done()])
                     raise
@@ -1070,6 +1418,10 @@ def _f(v: float, kind: str) -> str:
 def format_table(report: Mapping[str, Any], *, top: int | None = None) -> str:
     """The report as a text table: one line per tensor and target, then the summary and the tensors at risk.
 
+    Names come from the file: every non-printable character in them is escaped
+    (:func:`fpsim._cliargs.printable`), so a name cannot drive the terminal or break a line; :func:`to_json`
+    keeps them exact.
+
     >>> print(format_table({"tensors": [], "targets": [], "at_risk": [], "summary": {}, "skipped": []}))
     tensor  dtype  shape  amax  target  underflow  subnormal  overflow  sqnr_db  max_rel  verdict
     ------  -----  -----  ----  ------  ---------  ---------  --------  -------  -------  -------
@@ -1079,8 +1431,8 @@ def format_table(report: Mapping[str, Any], *, top: int | None = None) -> str:
     rows = []
     for e in report["tensors"]:
         for i, (name, r) in enumerate(e["targets"].items()):
-            head = [e["name"], e["dtype"], "x".join(map(str, e["shape"])) or "()", f"{e['amax']:.3g}"] if i == 0 \
-                else ["", "", "", ""]
+            head = [printable(e["name"]), printable(e["dtype"]), "x".join(map(str, e["shape"])) or "()",
+                    f"{e['amax']:.3g}"] if i == 0 else ["", "", "", ""]
             rows.append(head + [name, _f(r["underflow"], "f"), _f(r["subnormal"], "f"), _f(r["overflow"], "f"),
                                 _f(r["sqnr_db"], "db"), _f(r["max_rel_error"], "f"), r["verdict"]])
     w = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
@@ -1097,9 +1449,10 @@ def format_table(report: Mapping[str, Any], *, top: int | None = None) -> str:
         lines.append("")
         lines.append("most at risk:")
         for r in risk:
-            lines.append(f"  {r['verdict']:<4}  {r['tensor']}  {r['target']}: {'; '.join(r['reasons'])}")
+            lines.append(f"  {r['verdict']:<4}  {printable(r['tensor'])}  {r['target']}: {'; '.join(r['reasons'])}")
     for s in report.get("skipped", []):
-        lines.append(f"skipped {s['name']} ({s['dtype']}): not a float dtype")
+        lines.append(f"skipped {printable(s['name'])} ({printable(s['dtype'])}): not audited "
+                     f"(audited dtypes: {', '.join(DTYPES)})")
     return "\n".join(lines)
 
 
@@ -1131,7 +1484,8 @@ def plot_audit(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> li
     ax.set_ylabel("SQNR (dB)")
     ax.set_title("SQNR per tensor (dashed: format's rounding floor)")
     if n <= 40:
-        ax.set_xticks(x, [e["name"] for e in tensors], rotation=90, fontsize=6)
+        # names from the file: shown literally (a "$...$" name is not mathtext, whose parse errors killed the plot)
+        ax.set_xticks(x, [printable(e["name"]) for e in tensors], rotation=90, fontsize=6, parse_math=False)
     ax.legend(fontsize=7)
     fig.tight_layout()
     p = os.path.join(d, "sqnr.png")
@@ -1173,13 +1527,40 @@ def _cmd_audit(args: Any) -> int:
     top = flag_value("--top", nonneg_int, args.top)
     if not os.path.exists(args.path):
         raise ValueError(f"PATH {args.path!r} does not exist (a .safetensors file, an index.json or a folder)")
+    if args.plot:  # before the audit, which can take hours: a bad --plot found after it lost the report
+        _check_out_dir(args.plot, "--plot")
     _tune_malloc(own_process=True)  # this process is the command's: a serial audit needs ~25% less CPU
     rep = audit_checkpoint(args.path, targets, workers=workers, scheduler=sched, top=top, progress=None)
+    # the report first: a late failure (disk full while plotting) must not lose it
+    print(to_json(rep) if args.json else format_table(rep), flush=True)
     if args.plot:
         for p in plot_audit(rep, args.plot):
-            print(f"wrote {p}", file=sys.stderr)
-    print(to_json(rep) if args.json else format_table(rep))
+            print(f"wrote {printable(p)}", file=sys.stderr)
     return 0
+
+
+def _check_out_dir(path: str, flag: str) -> None:
+    """Refuse an output folder that cannot be created or written (``ValueError`` naming ``flag``), without
+    creating anything: it, or its nearest existing ancestor, must be a writable folder; matplotlib must
+    be importable."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ValueError(f"{flag} needs matplotlib (pip install matplotlib)")
+    d = os.path.abspath(path)
+    probe = d
+    while not os.path.exists(probe):  # nearest existing ancestor (a dangling link does not exist either)
+        if os.path.lexists(probe):
+            raise ValueError(f"{flag} {path!r}: {probe!r} is a broken symbolic link")
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        what = "is" if probe == d else f"cannot be created: {probe!r} is"
+        raise ValueError(f"{flag} {path!r} {what} not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path!r}: folder {probe!r} is not writable")
 
 
 def register_cli(subparsers: Any) -> None:
@@ -1187,7 +1568,7 @@ def register_cli(subparsers: Any) -> None:
     s = subparsers.add_parser(
         "audit", help="audit a safetensors checkpoint for low-precision casts (FP8, MXFP4, NVFP4, ...)",
         description="Read a .safetensors checkpoint (a file, or a sharded folder with its index.json) tensor by "
-                    "tensor through memory maps and report, per tensor and target FORMAT:SCALING, the shares "
+                    "tensor and report, per tensor and target FORMAT:SCALING, the shares "
                     "that underflow, become subnormal or overflow, the SQNR and relative errors, with a verdict "
                     "(docs/audit.md).")
     s.add_argument("path", metavar="PATH", help="a .safetensors file, a *.safetensors.index.json, or a folder")

@@ -14,6 +14,7 @@ import numpy as np
 
 from ._cliargs import CommandError, json_text, nonneg_int
 from ._cliargs import flag_value as _flag
+from ._cliargs import printable
 from ._exact import decimal_str, fraction_str, parse_decimal, round_rational
 
 __all__ = ["main", "round_result", "ROUND_JSON_KEYS"]
@@ -185,7 +186,7 @@ def cmd_round(args: argparse.Namespace) -> int:
     x64 = float(d["float64"])
     if finite and (not math.isfinite(x64) or Fraction(q) != Fraction(x64)):
         extra += f"  (not a float64; nearest float64 {d['float64']})"
-    print(f"input     {_short(d['input'])}")
+    print(f"input     {printable(_short(d['input']))}")
     print(f"exact     {_short(d['value'] if d['value'] is not None else d['value_fraction'])}{extra}")
     print(f"format    {d['format']}  rounding {d['rounding']}  overflow {d['overflow']}"
           + (f"  seed {d['seed']}" if d["seed"] is not None else ""))
@@ -368,7 +369,9 @@ def _say_error(line: str) -> None:
 
 
 def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
+    """The error as one line, safe for a terminal: whitespace runs become one space and any other
+    control character (a hostile file name or tensor name in the message) is escaped."""
+    return printable(" ".join(str(e).split())) or type(e).__name__
 
 
 def _subcommands(p: argparse.ArgumentParser) -> list[str]:

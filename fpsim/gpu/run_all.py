@@ -30,6 +30,9 @@ WGMMA_PATHS: tuple[tuple[str, str], ...] = (("fp8_e4m3", "fp32"), ("fp8_e5m2", "
 
 
 def _atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary beside ``path`` and rename it over ``path``; a symbolic link is
+    written through (the temporary goes beside its final target), never replaced by a plain file."""
+    path = Path(os.path.realpath(path))
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as fh:

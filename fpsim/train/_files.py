@@ -52,9 +52,12 @@ def atomic_write(path: str, write: Callable[[IO[bytes]], object], *, prefix: str
     """Write ``path`` atomically: ``write(f)`` fills a locked temporary ``<prefix><token><suffix>`` beside it.
 
     The file gets ``mode`` less the umask (as ``open`` gives). On any exception the temporary is removed
-    and the exception propagates; ``path`` is then untouched.
+    and the exception propagates; ``path`` is then untouched. A symbolic link is written through, as
+    ``open`` would: the temporary goes beside the link's final target and is renamed onto it, so the link
+    stays (renaming onto the link itself would replace it with a plain file).
     """
-    d = os.path.dirname(os.path.abspath(path))
+    path = os.path.realpath(path)
+    d = os.path.dirname(path)
     tmp = os.path.join(d, f"{prefix}{secrets.token_hex(8)}{suffix}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), mode)
     try:

@@ -213,7 +213,7 @@ def _read_result(path: str, cell: Cell) -> dict[str, Any] | None:
             data = json.loads(f.read().decode("utf-8"))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:  # RecursionError: JSON nested too deeply to parse
         raise ValueError(f"cannot read the sweep result {path!r} ({e}); remove it to run that cell again") from None
     if not isinstance(data, dict) or data.get("id") != cell.id:
         raise ValueError(f"{path!r} is not the result of cell {cell.id!r}; remove it to run that cell again")
