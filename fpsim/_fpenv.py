@@ -28,11 +28,14 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.abc
+import importlib.machinery
 import inspect
 import struct
+import sys
 import threading
 from collections.abc import Callable
-from types import TracebackType
+from types import ModuleType, TracebackType
 from typing import Any, TypeVar, cast
 
 import numpy as np
@@ -44,8 +47,8 @@ try:  # built at install time (setup.py); optional like the rounding kernel. imp
 except ImportError:  # pragma: no cover - exercised where no compiler was available
     _cfpenv = None
 
-__all__ = ["FTZ", "DAZ", "FZ16", "IEEEMode", "flush_flags", "ieee_mode", "is_ieee", "rounding_mode",
-           "set_flush_flags", "set_rounding_mode"]
+__all__ = ["FTZ", "DAZ", "FZ16", "IEEEMode", "flush_flags", "ieee_mode", "install_import_guard", "is_ieee",
+           "rounding_mode", "set_flush_flags", "set_rounding_mode"]
 
 FTZ, DAZ, FZ16 = 1, 2, 4  # the C helper's flag bits (FZ16: aarch64 half precision)
 
@@ -129,7 +132,7 @@ def set_flush_flags(flags: int) -> int:
 
 def _round_helper() -> Any:
     c = _cfpenv
-    return c if c is not None and getattr(c, "ROUNDING", 0) else None
+    return c if c is not None and bool(getattr(c, "ROUNDING", False)) else None
 
 
 def rounding_mode() -> int:
@@ -248,7 +251,7 @@ def _clear(name: str) -> int:
                if _cfpenv is None else "fpsim cannot change the FPU mode on this platform")
         raise FloatingPointError(_REFUSAL.format(name=name, why=why))
     prev = int(c.set(0))
-    if not is_ieee():  # a mode this helper does not know: refuse rather than differ
+    if _TINY * _ONE == 0.0:  # a mode this helper does not know: refuse rather than differ
         c.set(prev)
         raise FloatingPointError(_REFUSAL.format(name=name, why="clearing FTZ/DAZ did not restore IEEE subnormals"))
     return prev
@@ -342,3 +345,78 @@ def ieee_mode(obj: F) -> F:
         return cast(F, _wrap_class(obj))
     name = f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
     return cast(F, _wrap_function(obj, name))
+
+
+# -- imports -------------------------------------------------------------------------------------------------
+# A module's body runs, and its source is compiled, in the importing thread's state: under FE_UPWARD the
+# literal 2.0**-14 folds to 0x1.0000000000001p-14 and the NF4 table, GELU's constant and the arithmetic's
+# limits came out wrong; compiled that way, the wrong constants were even written to the .pyc for later
+# processes. fpsim/__init__ puts this finder first on sys.meta_path: it hands each fpsim submodule's loader
+# to a wrapper that compiles and runs the module in fpsim's state.
+
+
+class _GuardedLoader(importlib.abc.Loader):
+    """Delegates to the real loader; runs ``exec_module`` (compile and module body) in fpsim's state."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return cast("ModuleType | None", self.loader.create_module(spec))
+
+    def exec_module(self, module: ModuleType) -> None:
+        # introspection (inspect.getsource, importlib.resources, reload) sees the real loader from here on
+        module.__loader__ = self.loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.loader
+        name = f"import {module.__name__}"
+        try:
+            saved = None if is_ieee() else _enter(name)
+        except FloatingPointError:
+            if not _nearest():  # a directed mode fpsim cannot leave: the constants would be wrong
+                raise
+            saved = None  # FTZ/DAZ without the helper: module bodies are flush-safe (docs), calls refuse
+        try:
+            if _ERRVAR is not None:
+                tok = _ERRVAR.set(_IGNORE)
+                try:
+                    self.loader.exec_module(module)
+                finally:
+                    _ERRVAR.reset(tok)
+            else:  # pragma: no cover - NumPy 1.x
+                with np.errstate(all="ignore"):
+                    self.loader.exec_module(module)
+        finally:
+            if saved is not None:
+                _leave(saved)
+
+
+class _ImportGuard(importlib.abc.MetaPathFinder):
+    """Finds fpsim submodules through the other finders and guards their loaders (see above)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def find_spec(self, fullname: str, path: Any, target: ModuleType | None = None
+                  ) -> importlib.machinery.ModuleSpec | None:
+        if not fullname.startswith(self.prefix):
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or isinstance(finder, _ImportGuard) or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module") \
+                and not isinstance(spec.loader, _GuardedLoader):
+            spec.loader = _GuardedLoader(spec.loader)
+        return cast("importlib.machinery.ModuleSpec", spec)
+
+
+def install_import_guard(package: str) -> None:
+    """Guard the imports of ``package``'s submodules (once per process; fpsim/__init__ calls it first)."""
+    if not any(isinstance(f, _ImportGuard) and f.prefix == package + "." for f in sys.meta_path):
+        sys.meta_path.insert(0, _ImportGuard(package + "."))

@@ -53,6 +53,7 @@ from .._names import parse_name
 from ..formats import Format, as_format
 from ..nn import precision as _nnprec
 from .policy import FP32_OPS, Policy, get_policy
+from .._fpenv import ieee_mode
 
 __all__ = ["AUTOCAST_DEVICES", "OP_LISTS", "autocast", "autocast_policy"]
 
@@ -95,6 +96,7 @@ def _dtype(dtype: object) -> Format:
     return fmt
 
 
+@ieee_mode
 def autocast_policy(dtype: object = "bf16", device_type: str = "cuda") -> Policy:
     """The policy ``autocast(dtype, device_type=...)`` computes under.
 
@@ -115,6 +117,7 @@ def autocast_policy(dtype: object = "bf16", device_type: str = "cuda") -> Policy
                                     "its input's format, cross-entropy in FP32")
 
 
+@ieee_mode
 class autocast:  # noqa: N801 - torch's name
     """Context manager (and decorator) under which ``fpsim.nn`` forward calls use torch's autocast lists.
 

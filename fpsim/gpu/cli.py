@@ -6,10 +6,12 @@ import argparse
 import json
 import sys
 from typing import Any
+from .._fpenv import ieee_mode
 
 __all__ = ["cmd_probe", "register_cli"]
 
 
+@ieee_mode
 def cmd_probe(args: argparse.Namespace) -> int:
     """Run :func:`fpsim.gpu.probe`; without CuPy or a device print one line to stderr and return 2."""
     from ._device import GPUUnavailable

@@ -13,6 +13,7 @@ import contextvars
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+from .._fpenv import ieee_mode
 
 __all__ = ["FULL", "GEMM_KINDS", "FullPrecision", "Precision", "current_precision"]
 
@@ -49,6 +50,7 @@ class Precision(Protocol):
         ...
 
 
+@ieee_mode
 class FullPrecision:
     """No rounding anywhere: plain NumPy in the inputs' dtype (float64 for gradient checks)."""
 
@@ -97,6 +99,7 @@ _AMBIENT: contextvars.ContextVar[Precision | None] = contextvars.ContextVar("fps
                                                                             default=None)
 
 
+@ieee_mode
 def current_precision(prec: Precision | None = None) -> Precision:
     """``prec`` if given, else the innermost ``fpsim.amp.autocast``'s precision, else :data:`FULL`.
 

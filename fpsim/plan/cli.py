@@ -10,6 +10,7 @@ import argparse
 import json
 import math
 from typing import Any
+from .._fpenv import ieee_mode
 
 __all__ = ["PLAN_JSON_KEYS", "COMPUTE_JSON_KEYS", "cmd_plan", "plan_result", "register_cli"]
 
@@ -86,6 +87,7 @@ def _model(args: argparse.Namespace) -> Any:
     return spec
 
 
+@ieee_mode
 def plan_result(args: argparse.Namespace) -> dict[str, Any]:
     """What ``fpsim plan`` computes, as the dict ``--json`` prints (keys :data:`PLAN_JSON_KEYS`)."""
     from .._cliargs import flag_value, nonneg_int, pos_int
@@ -181,6 +183,7 @@ def _text(res: dict[str, Any], unit: str) -> str:
     return "\n".join(out)
 
 
+@ieee_mode
 def cmd_plan(args: argparse.Namespace) -> int:
     from .._cliargs import flag_value
     from .memory import _unit

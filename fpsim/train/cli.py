@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from typing import Any
+from .._fpenv import ieee_mode
 
 __all__ = ["cmd_demo", "register_cli"]
 
@@ -31,6 +32,7 @@ def _policies(items: list[str]) -> list[str]:
     return names
 
 
+@ieee_mode
 def cmd_demo(args: argparse.Namespace) -> int:
     from .._cliargs import flag_value, nonneg_int, pos_int
     from ._threads import blas_threads

@@ -28,12 +28,14 @@ from ..amp.runtime import HIST_HI, HIST_LO
 from ..nn import GPTConfig, gpt_backward, gpt_forward, init_params
 from ..nn.gpt import _check_params
 from .data import Task, _check_task_kwargs, _parse_task_name, get_task
+from .._fpenv import ieee_mode
 
 __all__ = ["History", "TrainConfig", "Trainer", "lr_at"]
 
 _EVAL_SEED = 987_654_321
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything that defines a run besides the policy.
@@ -150,6 +152,7 @@ class TrainConfig:
         return cls(**d)
 
 
+@ieee_mode
 def lr_at(cfg: TrainConfig, step: int) -> float:
     """Learning rate at 0-based ``step``: linear warm-up, then cosine to ``lr * min_lr_frac``."""
     if not isinstance(cfg, TrainConfig):
@@ -168,6 +171,7 @@ SERIES = ("step", "loss", "loss_scale", "skipped", "lr", "grad_underflow_fractio
           "grad_overflow", "grad_amax", "lost_update_fraction", "wall_s")
 
 
+@ieee_mode
 class History:
     """Telemetry of a run as a plain dict of lists (``history.data``; also ``history[key]``).
 
@@ -299,6 +303,7 @@ class _Progress:
             sys.stderr.flush()
 
 
+@ieee_mode
 class Trainer:
     """Train a GPT on a task under a policy.
 
