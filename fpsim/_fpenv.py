@@ -59,20 +59,36 @@ FTZ, DAZ, FZ16 = 1, 2, 4  # the C helper's flag bits (FZ16: aarch64 half precisi
 _TINY: float = struct.unpack("<d", struct.pack("<Q", 1))[0]
 _ONE = 1.0
 # 2**-60 is far below half an ulp of 1.0 (2**-53): 1 + s rounds up to 1 + 2**-52 only in FE_UPWARD, 1 - s rounds
-# down to 1 - 2**-53 only in FE_DOWNWARD and FE_TOWARDZERO. Those two sums tell round-to-nearest from the three
-# directed modes (a negative operand adds nothing: -1 - s moves only in FE_DOWNWARD, seen by 1 - s already).
+# down to 1 - 2**-53 only in FE_DOWNWARD and FE_TOWARDZERO, so 1 + s == 1 - s (both 1) only in round-to-nearest:
+# one comparison tells it from the three directed modes (-1 - s moves only in FE_DOWNWARD: nothing to add).
 _SMALL: float = struct.unpack("<d", struct.pack("<Q", (1023 - 60) << 52))[0]
 
 # NumPy's error state lives in a context variable (NumPy >= 2): swapping in an "ignore all" state object made
 # once costs ~0.1 us, np.errstate(all="ignore") ~1-4 us. Older NumPy: np.errstate (see _Quiet).
 _ERRVAR: Any = None
-_IGNORE: Any = None
+_IGNORE: Any = object()
 try:
     _ERRVAR = importlib.import_module("numpy._core._ufunc_config")._extobj_contextvar
     with np.errstate(all="ignore"):
         _IGNORE = _ERRVAR.get()
 except (ImportError, AttributeError):  # pragma: no cover - NumPy 1.x keeps it elsewhere: np.errstate then
     _ERRVAR = None
+
+
+def _np1_quiet() -> Any:  # pragma: no cover - NumPy 1.x: enter np.errstate(all="ignore"), the token exits it
+    tok = np.errstate(all="ignore")
+    tok.__enter__()
+    return tok
+
+
+def _np1_reset(tok: Any) -> None:  # pragma: no cover
+    tok.__exit__(None, None, None)
+
+
+# bound once: the wrapper calls these directly (get: already quiet, i.e. nested in another fpsim call)
+_err_get: Callable[[], Any] = _ERRVAR.get if _ERRVAR is not None else (lambda: None)
+_err_quiet: Callable[[], Any] = functools.partial(_ERRVAR.set, _IGNORE) if _ERRVAR is not None else _np1_quiet
+_err_reset: Callable[[Any], Any] = _ERRVAR.reset if _ERRVAR is not None else _np1_reset
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -96,11 +112,11 @@ def is_ieee() -> bool:
 
     Pure Python, three float operations: the probe of every wrapped call.
     """
-    return not (_TINY * _ONE == 0.0 or _ONE + _SMALL != _ONE or _ONE - _SMALL != _ONE)
+    return not (_TINY * _ONE == 0.0 or _ONE + _SMALL != _ONE - _SMALL)
 
 
 def _nearest() -> bool:
-    return _ONE + _SMALL == _ONE and _ONE - _SMALL == _ONE
+    return _ONE + _SMALL == _ONE - _SMALL
 
 
 def _helper() -> Any:
@@ -175,22 +191,19 @@ class IEEEMode:
 
     def __enter__(self) -> IEEEMode:
         fpu = None if is_ieee() else _enter(self._name)
-        tok = None
-        if _ERRVAR is not None:
-            tok = _ERRVAR.set(_IGNORE)
-        else:  # pragma: no cover - NumPy 1.x
-            tok = np.errstate(all="ignore")
-            tok.__enter__()
+        try:
+            tok = _err_quiet()
+        except BaseException:
+            if fpu is not None:
+                _leave(fpu)
+            raise
         self._stack().append((fpu, tok))
         return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         fpu, tok = self._stack().pop()
         try:
-            if _ERRVAR is not None:
-                _ERRVAR.reset(tok)
-            else:  # pragma: no cover - NumPy 1.x
-                tok.__exit__(et, ev, tb)
+            _err_reset(tok)
         finally:
             if fpu is not None:
                 _leave(fpu)
@@ -223,7 +236,7 @@ def _mode_name(c: Any) -> str:
     try:
         mode = int(c.getround())
     except Exception:  # no helper: the probe tells the direction
-        return "FE_UPWARD" if _ONE + _SMALL != _ONE else "FE_DOWNWARD or FE_TOWARDZERO"
+        return "FE_UPWARD" if _ONE + _SMALL != _ONE else "FE_DOWNWARD or FE_TOWARDZERO"  # see _SMALL
     names = {getattr(c, k, None): f"FE_{k}" for k in ("UPWARD", "DOWNWARD", "TOWARDZERO")}
     return names.get(mode, f"mode {mode:#x}")
 
@@ -257,24 +270,16 @@ def _clear(name: str) -> int:
     return prev
 
 
-def _call_quiet(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Run ``func`` with NumPy's error state "ignore all", giving the caller's state back afterwards."""
-    if _ERRVAR is not None:
-        tok = _ERRVAR.set(_IGNORE)
-        try:
-            return func(*args, **kwargs)
-        finally:
-            _ERRVAR.reset(tok)
-    with np.errstate(all="ignore"):  # pragma: no cover - NumPy 1.x
-        return func(*args, **kwargs)
-
-
 def _call_ieee(func: Callable[..., Any], name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     saved = _enter(name)
     try:
-        if _ERRVAR is not None and _ERRVAR.get() is _IGNORE:
+        if _err_get() is _IGNORE:
             return func(*args, **kwargs)
-        return _call_quiet(func, args, kwargs)
+        tok = _err_quiet()
+        try:
+            return func(*args, **kwargs)
+        finally:
+            _err_reset(tok)
     finally:
         _leave(saved)
 
@@ -286,11 +291,15 @@ def _wrap_function(func: Callable[..., Any], name: str) -> Callable[..., Any]:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         # the probe of is_ieee, inlined: the thread flushes subnormals or rounds in a directed mode
-        if _TINY * _ONE == 0.0 or _ONE + _SMALL != _ONE or _ONE - _SMALL != _ONE:
+        if _TINY * _ONE == 0.0 or _ONE + _SMALL != _ONE - _SMALL:
             return _call_ieee(func, name, args, kwargs)
-        if _ERRVAR is not None and _ERRVAR.get() is _IGNORE:  # nested in another fpsim call
+        if _err_get() is _IGNORE:  # nested in another fpsim call: NumPy is quiet already
             return func(*args, **kwargs)
-        return _call_quiet(func, args, kwargs)
+        tok = _err_quiet()
+        try:
+            return func(*args, **kwargs)
+        finally:
+            _err_reset(tok)
 
     wrapper.__fpsim_ieee__ = True  # type: ignore[attr-defined]
     return wrapper
@@ -361,6 +370,9 @@ class _GuardedLoader(importlib.abc.Loader):
     def __init__(self, loader: Any) -> None:
         self.loader = loader
 
+    def __getattr__(self, attr: str) -> Any:  # get_source, is_package, get_filename, resources...
+        return getattr(self.loader, attr)
+
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         return cast("ModuleType | None", self.loader.create_module(spec))
 
@@ -369,26 +381,29 @@ class _GuardedLoader(importlib.abc.Loader):
         module.__loader__ = self.loader
         if module.__spec__ is not None:
             module.__spec__.loader = self.loader
-        name = f"import {module.__name__}"
+        _import_guarded(f"import {module.__name__}", self.loader.exec_module, module)
+
+    def get_code(self, fullname: str) -> Any:
+        """Compile in fpsim's state too (``python -m fpsim.cli`` runs the code runpy gets from here)."""
+        return _import_guarded(f"import {fullname}", self.loader.get_code, fullname)
+
+
+def _import_guarded(name: str, fn: Callable[[Any], Any], arg: Any) -> Any:
+    try:
+        saved = None if is_ieee() else _enter(name)
+    except FloatingPointError:
+        if not _nearest():  # a directed mode fpsim cannot leave: the constants would be wrong
+            raise
+        saved = None  # FTZ/DAZ without the helper: module bodies are flush-safe (docs), calls refuse
+    try:
+        tok = _err_quiet()
         try:
-            saved = None if is_ieee() else _enter(name)
-        except FloatingPointError:
-            if not _nearest():  # a directed mode fpsim cannot leave: the constants would be wrong
-                raise
-            saved = None  # FTZ/DAZ without the helper: module bodies are flush-safe (docs), calls refuse
-        try:
-            if _ERRVAR is not None:
-                tok = _ERRVAR.set(_IGNORE)
-                try:
-                    self.loader.exec_module(module)
-                finally:
-                    _ERRVAR.reset(tok)
-            else:  # pragma: no cover - NumPy 1.x
-                with np.errstate(all="ignore"):
-                    self.loader.exec_module(module)
+            return fn(arg)
         finally:
-            if saved is not None:
-                _leave(saved)
+            _err_reset(tok)
+    finally:
+        if saved is not None:
+            _leave(saved)
 
 
 class _ImportGuard(importlib.abc.MetaPathFinder):
