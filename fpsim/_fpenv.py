@@ -64,7 +64,7 @@ _ONE = 1.0
 _SMALL: float = struct.unpack("<d", struct.pack("<Q", (1023 - 60) << 52))[0]
 
 # NumPy's error state lives in a context variable (NumPy >= 2): swapping in an "ignore all" state object made
-# once costs ~0.1 us, np.errstate(all="ignore") ~1-4 us. Older NumPy: np.errstate (see _Quiet).
+# once costs ~0.1 us, np.errstate(all="ignore") ~1-4 us. Older NumPy: np.errstate (_np1_quiet).
 _ERRVAR: Any = None
 _IGNORE: Any = object()
 try:
