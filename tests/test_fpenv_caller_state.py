@@ -245,7 +245,6 @@ def test_the_examples_of_the_finding() -> None:
 
 
 @needs_libm
-@pytest.mark.slow
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_same_bits_in_a_directed_rounding_mode(mode: str, nearest_results: dict[str, Any]) -> None:
     differ = []
