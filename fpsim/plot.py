@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._fpenv import ieee_mode
 from .formats import Format, as_format
 from .rounding import Rounding, RoundingReport, _as_float_array, analyze, as_rounding
 from .rounding import round as _round
-from ._fpenv import ieee_mode
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from matplotlib.axes import Axes

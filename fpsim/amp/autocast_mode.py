@@ -49,11 +49,11 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
+from .._fpenv import ieee_mode
 from .._names import parse_name
 from ..formats import Format, as_format
 from ..nn import precision as _nnprec
 from .policy import FP32_OPS, Policy, get_policy
-from .._fpenv import ieee_mode
 
 __all__ = ["AUTOCAST_DEVICES", "OP_LISTS", "autocast", "autocast_policy"]
 

@@ -46,9 +46,9 @@ from typing import Any
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from ..arith import add, sub
 from ..formats import as_format
-from .._fpenv import ieee_mode
 
 __all__ = ["UPDATE_RULES", "apply_update", "register_pure_bf16"]
 

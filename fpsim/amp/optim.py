@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from .._names import parse_name
 from .policy import Policy
-from .._fpenv import ieee_mode
 
 __all__ = ["SGD", "AdamW", "MasterWeights", "make_optimizer"]
 

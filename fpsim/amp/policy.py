@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from .._checks import check_bool, check_int, check_real
+from .._fpenv import ieee_mode
 from .._names import norm_name, parse_name
 from ..formats import Format, as_format
 from ..nn.precision import GEMM_KINDS
 from ..rounding import Rounding, as_rounding
 from .scaler import DynamicLossScaler, LossScaler
-from .._fpenv import ieee_mode
 
 __all__ = [
     "FP32_OPS",

@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from ..formats import Format, as_format
 from ..quant import fake_quantize_with_mask
 from ..rounding import round as fround
 from .policy import Policy
-from .._fpenv import ieee_mode
 
 __all__ = ["HIST_HI", "HIST_LO", "PolicyRuntime", "log2_histogram"]
 

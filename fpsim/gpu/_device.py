@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
 from .._fpenv import ieee_mode
 
 __all__ = ["DeviceInfo", "GPUUnavailable", "compile_options", "device_info", "is_compile_error", "require_cupy"]

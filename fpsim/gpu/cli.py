@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from typing import Any
+
 from .._fpenv import ieee_mode
 
 __all__ = ["cmd_probe", "register_cli"]

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from ..bits import from_bits, to_bits
 from ..formats import FormatLike, as_format
 from ..rounding import as_rounding
-from .._fpenv import ieee_mode
 
 __all__ = [
     "CONVERSIONS",

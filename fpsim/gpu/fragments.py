@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from ..bits import from_bits, to_bits
 from ..formats import Format, FormatLike, as_format, bf16, fp8_e4m3, fp8_e5m2, fp16, fp32, tf32
-from .._fpenv import ieee_mode
 
 __all__ = [
     "KERNEL_NAME",

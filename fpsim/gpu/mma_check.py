@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from ..bits import to_bits
 from ..formats import Format, FormatLike, fp32, tf32
 from ..mma import MMAModel, dot, get_model
@@ -32,7 +33,6 @@ from .fragments import (
     unpack_d,
     unpack_operand,
 )
-from .._fpenv import ieee_mode
 
 __all__ = [
     "MMAReport",

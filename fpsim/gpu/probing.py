@@ -28,12 +28,12 @@ from typing import Any
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from ..bits import from_bits, to_bits
 from ..formats import Format, FormatLike, as_format, fp32, tf32
 from ..mma import DEVICES, MMAModel, dot, get_model
 from ..rounding import round as fround
 from .fragments import PATHS, MMAInstruction, instruction_for
-from .._fpenv import ieee_mode
 
 __all__ = [
     "FittedModel",

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .fragments import PATHS, instruction_for
 from .._fpenv import ieee_mode
+from .fragments import PATHS, instruction_for
 
 __all__ = ["WGMMA_PATHS", "main", "render_markdown", "run_all"]
 

@@ -36,12 +36,12 @@ from typing import Any
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from ..bits import from_bits, to_bits
 from ..formats import FormatLike, as_format, fp8_e4m3, fp8_e5m2, fp16, fp32
 from ..mma import MMAModel, get_model
 from .fragments import MMAInstruction, _out_codes
 from .mma_check import MMAReport, compare_mma, random_tiles
-from .._fpenv import ieee_mode
 
 __all__ = [
     "LBO",

@@ -30,10 +30,10 @@ from typing import Any, Literal
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from ..arith import Context
 from ..formats import Format, FormatLike, as_format, fp16, fp32
 from ..rounding import round as _fround
-from .._fpenv import ieee_mode
 
 __all__ = [
     "KINDS",

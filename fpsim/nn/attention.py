@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_bool, check_int
+from .._fpenv import ieee_mode
 from . import recompute as _recompute
 from .layers import linear_backward, linear_forward, softmax_backward, softmax_forward
 from .precision import Precision, current_precision
-from .._fpenv import ieee_mode
 
 __all__ = ["attention_backward", "attention_forward"]
 

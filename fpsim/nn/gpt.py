@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_bool, check_int, check_real
+from .._fpenv import ieee_mode
 from .._names import parse_name
 from . import recompute as _recompute
 from .attention import attention_backward, attention_forward
@@ -41,7 +42,6 @@ from .layers import (
     linear_forward,
 )
 from .precision import Precision, current_precision
-from .._fpenv import ieee_mode
 
 __all__ = ["ATTENTION_KINDS", "CHECKPOINT_MODES", "GPTConfig", "activation_elements", "count_params", "gpt_backward",
            "gpt_forward", "init_params"]

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_int
-from .precision import Precision, current_precision
 from .._fpenv import ieee_mode
+from .precision import Precision, current_precision
 
 __all__ = [
     "cross_entropy_backward",

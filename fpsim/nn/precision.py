@@ -13,6 +13,7 @@ import contextvars
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
 from .._fpenv import ieee_mode
 
 __all__ = ["FULL", "GEMM_KINDS", "FullPrecision", "Precision", "current_precision"]

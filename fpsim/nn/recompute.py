@@ -37,6 +37,7 @@ import contextlib
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol, runtime_checkable
+
 from .._fpenv import ieee_mode
 
 __all__ = ["Recomputable", "is_naive", "naive_recomputation", "replaying", "snapshot", "tracing"]

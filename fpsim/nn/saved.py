@@ -36,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from .attention import _CoreInputs
 from .gpt import _BlockCheckpoint
-from .._fpenv import ieee_mode
 
 __all__ = ["SavedTensor", "buffer_of", "core_tensors", "saved_tensors"]
 

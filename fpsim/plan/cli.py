@@ -10,6 +10,7 @@ import argparse
 import json
 import math
 from typing import Any
+
 from .._fpenv import ieee_mode
 
 __all__ = ["PLAN_JSON_KEYS", "COMPUTE_JSON_KEYS", "cmd_plan", "plan_result", "register_cli"]

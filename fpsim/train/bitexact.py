@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from .._names import norm_name
 from ..amp import Policy, get_policy
 from .loop import History, TrainConfig, Trainer
-from .._fpenv import ieee_mode
 
 __all__ = ["bit_exact_plan", "bit_exact_policy", "bit_exact_section", "gemm_device", "run_bit_exact", "step_cost"]
 

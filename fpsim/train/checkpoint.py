@@ -35,8 +35,8 @@ from typing import IO, Any
 
 import numpy as np
 
-from ._files import atomic_write, remove_stale_tmp
 from .._fpenv import ieee_mode
+from ._files import atomic_write, remove_stale_tmp
 
 __all__ = ["FORMAT_VERSION", "STALE_TMP_AGE_S", "CheckpointError", "load_checkpoint", "save_checkpoint"]
 

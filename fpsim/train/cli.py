@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from typing import Any
+
 from .._fpenv import ieee_mode
 
 __all__ = ["cmd_demo", "register_cli"]

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_int
-from .._names import parse_name
 from .._fpenv import ieee_mode
+from .._names import parse_name
 
 __all__ = ["CharText", "ModularAddition", "SequenceTask", "Task", "get_task", "task_names"]
 

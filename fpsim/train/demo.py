@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from ..amp import get_policy
 from ..nn import GPTConfig, count_params, init_params
 from ._files import atomic_write, remove_stale_tmp
 from .data import get_task
 from .ledger import checkpoint_table, measure_step
 from .loop import History, TrainConfig, Trainer
-from .._fpenv import ieee_mode
 
 __all__ = [
     "DEFAULT_POLICIES",

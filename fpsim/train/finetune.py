@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from .._names import parse_name
 from ..amp import AdamW
 from ..nn import FULL, GPTConfig, Precision, gpt_backward, gpt_forward, init_params
@@ -39,7 +40,6 @@ from ..quant import NF4Tensor, fake_quantize
 from ..rounding import round as fround
 from ._threads import blas_threads
 from .data import get_task
-from .._fpenv import ieee_mode
 
 __all__ = ["FINETUNE_METHODS", "FinetuneSettings", "finetune", "finetune_comparison", "pretrain",
            "quantize_base"]

@@ -22,13 +22,13 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_int, check_real
+from .._fpenv import ieee_mode
 from .._names import parse_name
 from ..amp import MasterWeights, Policy, get_policy, make_optimizer
 from ..amp.runtime import HIST_HI, HIST_LO
 from ..nn import GPTConfig, gpt_backward, gpt_forward, init_params
 from ..nn.gpt import _check_params
 from .data import Task, _check_task_kwargs, _parse_task_name, get_task
-from .._fpenv import ieee_mode
 
 __all__ = ["History", "TrainConfig", "Trainer", "lr_at"]
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from ..formats import as_format
 from .._fpenv import ieee_mode
+from ..formats import as_format
 
 __all__ = ["POLICY_STYLES", "lesson_table", "plot_checkpointing", "policy_style", "seed_columns", "seed_section",
            "write_plots"]
