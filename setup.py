@@ -67,7 +67,8 @@ setup(
         Extension("fpsim._ckernel", sources=["fpsim/_ckernel.c"], optional=True),
         # the compiled block-FMA GEMM (fpsim/mma/gemm.py); without it fpsim.mma runs its NumPy reference
         Extension("fpsim._cgemm", sources=["fpsim/_cgemm.c"], optional=True),
-        # FTZ/DAZ control (fpsim/_fpenv.py); without it fpsim refuses to run in a flush-to-zero thread
+        # FTZ/DAZ and rounding-mode control (fpsim/_fpenv.py); without it fpsim refuses to run in a thread that
+        # flushes subnormals or rounds in a directed mode
         Extension("fpsim._cfpenv", sources=["fpsim/_cfpenv.c"], optional=True),
         # compiled hot paths of the arithmetic layer (fma, pairwise sums, to_bits, analyze); NumPy fallback
         Extension("fpsim._carith", sources=["fpsim/_carith.c"], optional=True),

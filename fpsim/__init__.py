@@ -7,6 +7,12 @@
 
 from __future__ import annotations
 
+# First: every submodule below compiles and runs its body in round-to-nearest with IEEE subnormals, whatever
+# mode the importing thread has (docs/fp-environment.md, "Imports")
+from ._fpenv import install_import_guard as _install_import_guard
+
+_install_import_guard(__name__)
+
 # L0 numbers
 from .bits import bits_str, code_dtype, from_bits, ml_dtype, to_bits, to_ml_dtypes
 from .formats import (

@@ -2,8 +2,10 @@
  *
  * fpsim computes on float32/float64 carriers whose subnormals must stay subnormal; a process may have
  * turned on FTZ/DAZ (torch.set_flush_denormal(True), a library built with -ffast-math). fpsim/_fpenv.py
- * clears them for the duration of a call and restores them afterwards; this module only touches the
- * flush bits and leaves the rounding mode and the exception flags alone.
+ * clears them for the duration of a call and restores them afterwards. get/set only touch the flush bits;
+ * getround/setround read and set the rounding mode (C99 fegetround/fesetround: a library in the process may
+ * have left FE_UPWARD, FE_DOWNWARD or FE_TOWARDZERO set, under which Python and NumPy arithmetic round
+ * differently). Neither touches the exception flags.
  *
  * Flags (the same on every platform): 1 = FTZ (results), 2 = DAZ (inputs), 4 = FZ16 (half precision).
  *   x86-64 / x86 with SSE: MXCSR bit 15 (FZ) and bit 6 (DAZ); FZ16 does not exist.
@@ -12,6 +14,14 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <fenv.h>
+
+#ifdef FE_TONEAREST
+#define FPENV_ROUNDING 1
+#else
+#define FPENV_ROUNDING 0
+#define FE_TONEAREST 0
+#endif
 
 #define FLAG_FTZ 1
 #define FLAG_DAZ 2
@@ -103,12 +113,85 @@ static PyObject *fpenv_set(PyObject *self, PyObject *arg)
 #endif
 }
 
+static PyObject *fpenv_getround(PyObject *self, PyObject *unused)
+{
+#if FPENV_ROUNDING
+    return PyLong_FromLong(fegetround());
+#else
+    PyErr_SetString(PyExc_OSError, "_cfpenv: the rounding mode cannot be read on this platform");
+    return NULL;
+#endif
+}
+
+static PyObject *fpenv_setround(PyObject *self, PyObject *arg)
+{
+    int overflow = 0;
+    long mode;
+    if (!PyLong_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "_cfpenv.setround: mode must be an int, got %.100s", Py_TYPE(arg)->tp_name);
+        return NULL;
+    }
+    mode = PyLong_AsLongAndOverflow(arg, &overflow);
+    if (mode == -1 && PyErr_Occurred()) return NULL;
+#if FPENV_ROUNDING
+    /* only the modes this platform's fenv.h defines: fesetround would reject the others, but say which */
+    if (overflow || !(mode == FE_TONEAREST
+#ifdef FE_UPWARD
+                      || mode == FE_UPWARD
+#endif
+#ifdef FE_DOWNWARD
+                      || mode == FE_DOWNWARD
+#endif
+#ifdef FE_TOWARDZERO
+                      || mode == FE_TOWARDZERO
+#endif
+                      )) {
+        PyErr_Format(PyExc_ValueError, "_cfpenv.setround: mode must be one of the FE_* values of this platform "
+                     "(TONEAREST, UPWARD, DOWNWARD, TOWARDZERO), got %R", arg);
+        return NULL;
+    }
+    int old = fegetround();
+    if (fesetround((int)mode) != 0) {
+        PyErr_Format(PyExc_OSError, "_cfpenv.setround: fesetround(%ld) failed", mode);
+        return NULL;
+    }
+    return PyLong_FromLong(old);
+#else
+    PyErr_SetString(PyExc_OSError, "_cfpenv: the rounding mode cannot be set on this platform");
+    return NULL;
+#endif
+}
+
 static PyMethodDef methods[] = {
     {"get", fpenv_get, METH_NOARGS, "get() -> int: the calling thread's flush flags (1 FTZ, 2 DAZ, 4 FZ16)."},
     {"set", fpenv_set, METH_O, "set(flags) -> int: set the calling thread's flush flags; returns the previous ones."},
+    {"getround", fpenv_getround, METH_NOARGS, "getround() -> int: the calling thread's rounding mode (fegetround)."},
+    {"setround", fpenv_setround, METH_O,
+     "setround(mode) -> int: set the calling thread's rounding mode (fesetround); returns the previous one."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_cfpenv", NULL, -1, methods};
+
+/* The directed modes' values on this platform (-1 where fenv.h lacks one), for tests and diagnostics. */
+static int add_modes(PyObject *m)
+{
+#ifdef FE_UPWARD
+    if (PyModule_AddIntConstant(m, "UPWARD", FE_UPWARD) < 0) return -1;
+#else
+    if (PyModule_AddIntConstant(m, "UPWARD", -1) < 0) return -1;
+#endif
+#ifdef FE_DOWNWARD
+    if (PyModule_AddIntConstant(m, "DOWNWARD", FE_DOWNWARD) < 0) return -1;
+#else
+    if (PyModule_AddIntConstant(m, "DOWNWARD", -1) < 0) return -1;
+#endif
+#ifdef FE_TOWARDZERO
+    if (PyModule_AddIntConstant(m, "TOWARDZERO", FE_TOWARDZERO) < 0) return -1;
+#else
+    if (PyModule_AddIntConstant(m, "TOWARDZERO", -1) < 0) return -1;
+#endif
+    return 0;
+}
 
 PyMODINIT_FUNC PyInit__cfpenv(void)
 {
@@ -116,7 +199,8 @@ PyMODINIT_FUNC PyInit__cfpenv(void)
     if (m == NULL) return NULL;
     if (PyModule_AddIntConstant(m, "SUPPORTED", FPENV_SUPPORTED) < 0 ||
         PyModule_AddIntConstant(m, "FTZ", FLAG_FTZ) < 0 || PyModule_AddIntConstant(m, "DAZ", FLAG_DAZ) < 0 ||
-        PyModule_AddIntConstant(m, "FZ16", FLAG_FZ16) < 0) {
+        PyModule_AddIntConstant(m, "FZ16", FLAG_FZ16) < 0 || PyModule_AddIntConstant(m, "ROUNDING", FPENV_ROUNDING) < 0 ||
+        PyModule_AddIntConstant(m, "TONEAREST", FE_TONEAREST) < 0 || add_modes(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -82,6 +82,7 @@ def _contains(big: Format, small: Format) -> bool:
     return big.contains(small)
 
 
+@ieee_mode
 def promote_formats(*fmts: FormatLike) -> Format:
     """The format of a result mixing ``fmts`` (see the module docstring).
 

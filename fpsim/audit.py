@@ -169,6 +169,7 @@ def _loads(text: str | bytes, where: str, what: str) -> Any:
 # Headers
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class TensorInfo:
     """One tensor of a checkpoint: where its bytes are (``file``, absolute byte ``offset``, ``nbytes``)
@@ -213,6 +214,7 @@ def _read_exact(f: IO[bytes], n: int) -> bytes:
     return b if b is not None else b""
 
 
+@ieee_mode
 def read_header(path: str | os.PathLike[str]) -> tuple[list[TensorInfo], dict[str, str]]:
     """Parse and validate a safetensors file's header; read no tensor data.
 
@@ -303,6 +305,7 @@ def _index_files(folder: str) -> list[str]:
     return sorted(f for f in os.listdir(folder) if f.endswith(".safetensors.index.json"))
 
 
+@ieee_mode
 def list_tensors(path: str | os.PathLike[str]) -> list[TensorInfo]:
     """Every tensor of a checkpoint, all headers validated (:func:`read_header`) before returning.
 
@@ -383,6 +386,7 @@ _NP_TO_ST = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "
              "bool": "BOOL"}
 
 
+@ieee_mode
 def save_safetensors(tensors: Mapping[str, Any], path: str | os.PathLike[str], *,
                      metadata: Mapping[str, str] | None = None) -> str:
     """Write a dict of arrays (e.g. a trained GPT's ``params``) as one ``.safetensors`` file, atomically.
@@ -444,6 +448,7 @@ def save_safetensors(tensors: Mapping[str, Any], path: str | os.PathLike[str], *
 # Targets
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class Target:
     """A cast to audit: element format and scaling recipe; ``name`` is ``"FORMAT:SCALING"``."""
@@ -466,6 +471,7 @@ def _target_formats() -> list[str]:
             and n != "e8m0"]
 
 
+@ieee_mode
 def parse_target(value: str | Target) -> Target:
     """Parse ``"FORMAT:SCALING"`` (the one name rule: case and surrounding space ignored; format aliases
     such as ``float8_e4m3fn`` accepted). ``ValueError`` lists the valid formats and scalings.
@@ -1252,6 +1258,7 @@ def _audit_job(job: _Job) -> list[dict[str, Any]]:
 _ORDER = {"risk": 0, "warn": 1, "ok": 2}
 
 
+@ieee_mode
 def at_risk(report: Mapping[str, Any], k: int = 10) -> list[dict[str, Any]]:
     """The ``k`` (tensor, target) pairs most at risk: worst verdict first, then lowest SQNR.
 
@@ -1402,6 +1409,7 @@ def _json_safe(v: Any) -> Any:
     return v
 
 
+@ieee_mode
 def to_json(report: Mapping[str, Any]) -> str:
     """The report as strict JSON: infinite SQNR (no error at all) is the string ``"inf"``."""
     return json.dumps(_json_safe(dict(report)), indent=1, allow_nan=False)
@@ -1415,6 +1423,7 @@ def _f(v: float, kind: str) -> str:
     return f"{v:.2e}" if v < 1e-2 else f"{v:.3f}"
 
 
+@ieee_mode
 def format_table(report: Mapping[str, Any], *, top: int | None = None) -> str:
     """The report as a text table: one line per tensor and target, then the summary and the tensors at risk.
 
@@ -1456,6 +1465,7 @@ def format_table(report: Mapping[str, Any], *, top: int | None = None) -> str:
     return "\n".join(lines)
 
 
+@ieee_mode
 def plot_audit(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> list[str]:
     """Write ``sqnr.png`` (SQNR per tensor and target, with each format's rounding floor) and
     ``fractions.png`` (underflow and overflow shares) into ``out_dir``; returns the paths.

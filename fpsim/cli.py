@@ -16,6 +16,7 @@ from ._cliargs import CommandError, json_text, nonneg_int
 from ._cliargs import flag_value as _flag
 from ._cliargs import printable
 from ._exact import decimal_str, fraction_str, parse_decimal, round_rational
+from ._fpenv import ieee_mode
 
 __all__ = ["main", "round_result", "ROUND_JSON_KEYS"]
 
@@ -119,6 +120,7 @@ def _short(s: str, limit: int = 60) -> str:
     return f"{s[:24]}...{s[-12:]} ({len(s)} characters; --json has all)"
 
 
+@ieee_mode
 def round_result(text: str, fmt: str, rounding: str, overflow: str, seed: str | None = None) -> dict[str, Any]:
     """What ``fpsim round`` computes, as the dict ``--json`` prints (keys: :data:`ROUND_JSON_KEYS`).
 
@@ -302,6 +304,7 @@ def _protect_negative(argv: list[str]) -> list[str]:
     return out
 
 
+@ieee_mode
 def main(argv: list[str] | None = None) -> int:
     """The ``fpsim`` command: the exit status; every failure one line on stderr, never a traceback for bad input.
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._fpenv import ieee_mode
 from .formats import Format, as_format
 from .rounding import Rounding, RoundingReport, _as_float_array, analyze, as_rounding
 from .rounding import round as _round
@@ -166,6 +167,7 @@ def band_fractions(report: RoundingReport, zeros: int) -> dict[str, float]:
 # gradients against a format's range
 
 
+@ieee_mode
 def gradient_histogram(
     values: Any,
     fmt: Format | str,
@@ -341,6 +343,7 @@ def _fmt_scale(s: float) -> str:
 # formats
 
 
+@ieee_mode
 def format_line(
     fmt: Format | str,
     *,
@@ -409,6 +412,7 @@ def _format_line_one(f: Format, vals: np.ndarray, scale: str, ax: Axes) -> Axes:
     return ax
 
 
+@ieee_mode
 def format_compare(fmts: Sequence[Format | str], *, ax: Axes | None = None) -> Axes:
     """Dynamic range against precision for several formats.
 
@@ -450,6 +454,7 @@ def format_compare(fmts: Sequence[Format | str], *, ax: Axes | None = None) -> A
 # rounding modes
 
 
+@ieee_mode
 def rounding_modes(
     x: float,
     fmt: Format | str,
@@ -515,6 +520,7 @@ def rounding_modes(
 # rounding error
 
 
+@ieee_mode
 def rounding_error(
     x: Any,
     fmt: Format | str,
@@ -667,6 +673,7 @@ def _moving_average(y: np.ndarray, window: int) -> np.ndarray:
 _LINESTYLES = ["-", "--", "-.", ":"]
 
 
+@ieee_mode
 def loss_curves(histories: Any, *, smooth: int = 1, eval: bool = True, logy: bool = False,
                 ax: Axes | None = None) -> Axes:
     """Training loss against step for one or several runs (``{label: history}``).
@@ -713,6 +720,7 @@ def loss_curves(histories: Any, *, smooth: int = 1, eval: bool = True, logy: boo
     return ax
 
 
+@ieee_mode
 def loss_scale(histories: Any, *, ax: Axes | None = None) -> Axes:
     """The loss scale against step (log2 axis) for one or several runs, skipped (overflow) steps marked."""
     runs = _runs(histories)
@@ -736,6 +744,7 @@ def loss_scale(histories: Any, *, ax: Axes | None = None) -> Axes:
     return ax
 
 
+@ieee_mode
 def scaler_dynamics(history: Any, fmt: Format | str = "fp16", *, label: str | None = None, ax: Any = None) -> Any:
     """A dynamic loss scaler at work in one run: the scale per step (top) and the largest scaled gradient
     against the format's maximum on the same log2 axis (bottom), overflows (skipped steps) marked on both.
@@ -807,6 +816,7 @@ def _ratio_text(s: np.ndarray, grew: np.ndarray) -> str:
     return f"{r.pop():g}" if len(r) == 1 else "factor"
 
 
+@ieee_mode
 def underflow_over_time(histories: Any, *, sites: Sequence[str] | None = None, subnormal: bool = False,
                         smooth: int = 1, ax: Axes | None = None) -> Axes:
     """Percentage of nonzero gradient values that underflow to zero in the gradient format, per step.
@@ -860,6 +870,7 @@ def underflow_over_time(histories: Any, *, sites: Sequence[str] | None = None, s
     return ax
 
 
+@ieee_mode
 def lost_updates(histories: Any, *, weights: Sequence[str] | None = None, smooth: int = 1,
                  ax: Axes | None = None) -> Axes:
     """Percentage of nonzero weight updates that left the stored weight unchanged, per step.
@@ -899,6 +910,7 @@ def lost_updates(histories: Any, *, weights: Sequence[str] | None = None, smooth
 # Tensor Core accumulation
 
 
+@ieee_mode
 def accumulation_error(
     models: Sequence[Any] | Mapping[str, Any],
     K: Sequence[int],

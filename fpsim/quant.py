@@ -423,6 +423,7 @@ _QSCHEMES = ("per_tensor_affine", "per_tensor_symmetric", "per_channel_affine", 
              "per_channel_affine_float_qparams")
 
 
+@ieee_mode
 def quant_range(dtype: str = "quint8", *, reduce_range: bool = False, quant_min: int | None = None,
                 quant_max: int | None = None) -> tuple[int, int]:
     """Integer range of a quantized dtype, as torch's ``calculate_qmin_qmax``.
@@ -794,6 +795,7 @@ class FakeQuantize:
             self.activation_post_process.load_state_dict(state["observer"])
 
 
+@ieee_mode
 def default_fake_quant() -> FakeQuantize:
     """torch's ``default_fake_quant``: moving-average observer, quint8 affine, [0, 255] with
     ``reduce_range=True`` (effective [0, 127])."""
@@ -801,12 +803,14 @@ def default_fake_quant() -> FakeQuantize:
                         qscheme="per_tensor_affine", reduce_range=True)
 
 
+@ieee_mode
 def default_weight_fake_quant() -> FakeQuantize:
     """torch's ``default_weight_fake_quant``: moving-average observer, qint8 symmetric [-128, 127]."""
     return FakeQuantize(MovingAverageMinMaxObserver, quant_min=-128, quant_max=127, dtype="qint8",
                         qscheme="per_tensor_symmetric", reduce_range=False)
 
 
+@ieee_mode
 def default_per_channel_weight_fake_quant() -> FakeQuantize:
     """torch's ``default_per_channel_weight_fake_quant``: per-channel moving average, qint8 symmetric, axis 0."""
     return FakeQuantize(MovingAveragePerChannelMinMaxObserver, quant_min=-128, quant_max=127, dtype="qint8",
@@ -824,6 +828,7 @@ def _zp_from_tensor(zero_point: Any, qmin: int, qmax: int, forward: bool) -> int
     return int(np.trunc(z))
 
 
+@ieee_mode
 def lsq_grad_factor(numel: int, quant_max: int) -> float:
     """LSQ's step-size gradient scale ``1 / sqrt(numel * quant_max)`` (torch ``_LearnableFakeQuantize``)."""
     n, q = _int("numel", numel), _int("quant_max", quant_max)

@@ -829,6 +829,7 @@ def round(
 _COUNT_FIELDS = ("exact", "inexact", "underflow", "subnormal", "overflow", "nan")
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class RoundingReport:
     """What rounding an array into a format did to it (see :func:`analyze`).

@@ -518,6 +518,7 @@ FP8_FORMATS: dict[str, tuple[str, str]] = {
 """TransformerEngine's ``Format`` names -> (forward format, backward format)."""
 
 
+@ieee_mode
 def fp8_format_pair(name: str) -> tuple[Format, Format]:
     """(forward, backward) formats of a TE format name: ``"HYBRID"`` -> (fp8_e4m3, fp8_e5m2).
 
@@ -756,6 +757,7 @@ class CurrentScaling:
         return dequantize(q, s)
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class Recipe:
     """A named scaling recipe: which format each tensor role gets and how its scale is chosen.
@@ -833,6 +835,7 @@ recipes: dict[str, Recipe] = {
 """The usual recipes by name (see :class:`Recipe`)."""
 
 
+@ieee_mode
 def get_recipe(name: str | Recipe) -> Recipe:
     """Look up a recipe by name (or pass a `Recipe` through).
 

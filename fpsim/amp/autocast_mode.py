@@ -49,6 +49,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
+from .._fpenv import ieee_mode
 from .._names import parse_name
 from ..formats import Format, as_format
 from ..nn import precision as _nnprec
@@ -95,6 +96,7 @@ def _dtype(dtype: object) -> Format:
     return fmt
 
 
+@ieee_mode
 def autocast_policy(dtype: object = "bf16", device_type: str = "cuda") -> Policy:
     """The policy ``autocast(dtype, device_type=...)`` computes under.
 
@@ -115,6 +117,7 @@ def autocast_policy(dtype: object = "bf16", device_type: str = "cuda") -> Policy
                                     "its input's format, cross-entropy in FP32")
 
 
+@ieee_mode
 class autocast:  # noqa: N801 - torch's name
     """Context manager (and decorator) under which ``fpsim.nn`` forward calls use torch's autocast lists.
 

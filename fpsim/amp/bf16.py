@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from ..arith import add, sub
 from ..formats import as_format
 
@@ -56,6 +57,7 @@ UPDATE_RULES = ("rne", "sr", "kahan")
 _F32 = np.float32
 
 
+@ieee_mode
 def apply_update(store: Any, updates: Mapping[str, np.ndarray]) -> dict[str, float]:
     """``w <- w - u`` under ``store.policy.update`` for a :class:`fpsim.amp.MasterWeights` without master.
 
@@ -98,6 +100,7 @@ def apply_update(store: Any, updates: Mapping[str, np.ndarray]) -> dict[str, flo
     return lost
 
 
+@ieee_mode
 def register_pure_bf16() -> None:
     """Register ``bf16-pure-rne``, ``bf16-pure-sr`` and ``bf16-pure-kahan`` (called by the policy registry)."""
     from .policy import Policy, register_policy  # (policy.py calls this while it is being imported)

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from .._names import parse_name
 from .policy import Policy
 
@@ -51,6 +52,7 @@ def _callable(who: str, f: object) -> None:
         raise TypeError(f"{who} cast_state must be callable, got {type(f).__name__}")
 
 
+@ieee_mode
 class SGD:
     """SGD with momentum (torch semantics: ``buf = momentum*buf + (1-dampening)*g``; update ``lr*buf``, or
     ``lr*(g + momentum*buf)`` with ``nesterov``), decoupled weight decay optional. The momentum buffer is
@@ -142,6 +144,7 @@ class SGD:
         self.t = t
 
 
+@ieee_mode
 class AdamW:
     """AdamW (torch semantics, float32 arithmetic): ``m = b1 m + (1-b1) g``, ``v = b2 v + (1-b2) g^2``,
     update ``lr * (m_hat / (sqrt(v_hat) + eps) + wd * w)``. Moments rounded with ``cast_state``.
@@ -337,6 +340,7 @@ def _low_copy(params: Mapping[str, np.ndarray], fmt: Any) -> dict[str, np.ndarra
     return {k: np.asarray(fround(v, fmt)) for k, v in params.items()}
 
 
+@ieee_mode
 def make_optimizer(name: str, policy: Policy, runtime: Any, **kwargs: Any) -> SGD | AdamW:
     """``"adamw"`` or ``"sgd"`` (by the one name rule) with its state kept in ``policy.optimizer_state``."""
     kind = parse_name(name, ("adamw", "sgd"), "optimizer")
@@ -352,6 +356,7 @@ def make_optimizer(name: str, policy: Policy, runtime: Any, **kwargs: Any) -> SG
     return SGD(cast_state=cast_state, **kwargs)
 
 
+@ieee_mode
 class MasterWeights:
     """The weights the optimizer updates, stored in ``policy.weights`` (FP32 master, or the params format).
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from .._checks import check_bool, check_int, check_real
+from .._fpenv import ieee_mode
 from .._names import norm_name, parse_name
 from ..formats import Format, as_format
 from ..nn.precision import GEMM_KINDS
@@ -71,6 +72,7 @@ def _parse_kinds(kinds: object, what: str) -> tuple[str, ...]:
     return out
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class FP8Recipe:
     """Transformer-Engine-style FP8 GEMMs with per-tensor delayed scaling.
@@ -108,6 +110,7 @@ class FP8Recipe:
         object.__setattr__(self, "kinds", _parse_kinds(self.kinds, "FP8Recipe.kinds"))
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class QuantConfig:
     """Integer fake quantization of the GEMMs of kind ``kinds`` (torch ``FakeQuantize`` semantics).
@@ -245,6 +248,7 @@ def _check_scaler_kwargs(kwargs: object, loss_scale: object) -> dict[str, Any]:
     return kw
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class Policy:
     """Where every tensor class lives, and how GEMMs and losses are computed.
@@ -460,6 +464,7 @@ def policy_names() -> list[str]:
     return list(_REGISTRY)
 
 
+@ieee_mode
 def get_policy(policy: str | Policy) -> Policy:
     """Look a policy up by name (a :class:`Policy` is returned as is)."""
     if isinstance(policy, Policy):

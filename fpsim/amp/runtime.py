@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from .._blas import matmul as _blas_matmul
+from .._fpenv import ieee_mode
 from ..formats import Format, as_format
 from ..quant import fake_quantize_with_mask
 from ..rounding import round as fround
@@ -39,6 +40,7 @@ _EPS32 = _F32(np.finfo(np.float32).eps)
 HIST_LO, HIST_HI = -80, 20
 
 
+@ieee_mode
 def log2_histogram(x: np.ndarray) -> tuple[np.ndarray, int]:
     """(counts per integer binade in [HIST_LO, HIST_HI), number of exact zeros) of the finite values."""
     a = np.abs(x[np.isfinite(x)]).ravel()
@@ -48,6 +50,7 @@ def log2_histogram(x: np.ndarray) -> tuple[np.ndarray, int]:
     return np.bincount(b, minlength=HIST_HI - HIST_LO), int(a.size - nz.size)
 
 
+@ieee_mode
 class PolicyRuntime:
     """A policy in action: casts, GEMMs, per-tensor state and telemetry.
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_int
+from .._fpenv import ieee_mode
 
 __all__ = ["DynamicLossScaler", "LossScaler"]
 
@@ -30,6 +31,7 @@ def _finite(grads: Mapping[str, np.ndarray]) -> bool:
     return all(bool(np.isfinite(g).all()) for g in grads.values())
 
 
+@ieee_mode
 class LossScaler:
     """A constant loss scale (``scale=1`` is "no loss scaling").
 
@@ -87,6 +89,7 @@ class LossScaler:
         return f"LossScaler(scale={self.scale!r})"
 
 
+@ieee_mode
 class DynamicLossScaler(LossScaler):
     """torch ``GradScaler``'s dynamic loss scale.
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .._fpenv import ieee_mode
+
 __all__ = ["DeviceInfo", "GPUUnavailable", "compile_options", "device_info", "is_compile_error", "require_cupy"]
 
 
@@ -15,6 +17,7 @@ class GPUUnavailable(RuntimeError):
     """
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class DeviceInfo:
     """The CUDA device a check ran on."""
@@ -51,6 +54,7 @@ def require_cupy(device: int = 0) -> Any:
     return cupy
 
 
+@ieee_mode
 def device_info(device: int = 0) -> DeviceInfo:
     """Name and compute capability of CUDA device `device` (raises :class:`GPUUnavailable` without one)."""
     cp = require_cupy(device)

@@ -6,12 +6,15 @@ import argparse
 import sys
 from typing import Any
 
+from .._fpenv import ieee_mode
+
 __all__ = ["cmd_probe", "register_cli"]
 
 MAX_DEVICE = 1023
 MAX_RANDOM_ROWS = 100_000
 
 
+@ieee_mode
 def cmd_probe(args: argparse.Namespace) -> int:
     """Run :func:`fpsim.gpu.probe`; without CuPy or a device print one line to stderr and return 2."""
     from ._device import GPUUnavailable

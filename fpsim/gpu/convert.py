@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from ..bits import from_bits, to_bits
 from ..formats import FormatLike, as_format
 from ..rounding import as_rounding
@@ -75,6 +76,7 @@ def _key(fmt: FormatLike, rounding: str, saturate: bool) -> tuple[str, str, bool
     return key
 
 
+@ieee_mode
 def intrinsic_for(fmt: FormatLike, rounding: str = "rne", *, saturate: bool = False) -> str:
     """The CUDA expression converting a float ``x`` (e.g. ``__float2half_rz(x)``).
 
@@ -86,6 +88,7 @@ def intrinsic_for(fmt: FormatLike, rounding: str = "rne", *, saturate: bool = Fa
     return CONVERSIONS[_key(fmt, rounding, saturate)]
 
 
+@ieee_mode
 def conversion_kernel_source(fmt: FormatLike, rounding: str = "rne", *, saturate: bool = False) -> str:
     """CUDA source of ``fpsim_cvt(const float* x, unsigned* out, long long n)`` using the intrinsic.
 
@@ -116,6 +119,7 @@ def _as_f32(x: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(x, dtype=np.float32)
 
 
+@ieee_mode
 def conversion_inputs(fmt: FormatLike, n: int = 1 << 20, *, seed: int = 0) -> np.ndarray:
     """float32 test inputs for a conversion to `fmt` (deterministic for a seed).
 
@@ -146,6 +150,7 @@ def conversion_inputs(fmt: FormatLike, n: int = 1 << 20, *, seed: int = 0) -> np
     return np.concatenate([base, up, dn, rbits, spread]).astype(np.float32)
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class RoundReport:
     """Outcome of comparing GPU conversion codes with fpsim, bit for bit.
@@ -192,6 +197,7 @@ class RoundReport:
         return "\n".join(lines)
 
 
+@ieee_mode
 def compare_round(fmt: FormatLike, inputs: Any, gpu_codes: Any, rounding: str = "rne", *, saturate: bool = False,
                   max_examples: int = 10, device: str = "") -> RoundReport:
     """Compare codes a GPU produced for float32 `inputs` with ``fpsim.to_bits`` (pure; no GPU needed).
@@ -259,6 +265,7 @@ def run_conversion(x: np.ndarray, fmt: FormatLike, rounding: str = "rne", *, sat
     return np.asarray(cp.asnumpy(out))
 
 
+@ieee_mode
 def crosscheck_round(fmt: FormatLike, n: int = 1 << 20, rounding: str = "rne", *, saturate: bool = False,
                      device: int = 0, seed: int = 0, max_examples: int = 10) -> RoundReport:
     """Convert :func:`conversion_inputs` on the GPU with the CUDA intrinsic and compare with fpsim bit for bit.

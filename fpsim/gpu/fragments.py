@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from ..bits import from_bits, to_bits
 from ..formats import Format, FormatLike, as_format, bf16, fp8_e4m3, fp8_e5m2, fp16, fp32, tf32
 
@@ -53,6 +54,7 @@ KERNEL_NAME = "fpsim_mma"
 _PTX_TYPE = {"fp16": "f16", "bf16": "bf16", "tf32": "tf32", "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2", "fp32": "f32"}
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class MMAInstruction:
     """One ``mma.sync`` instruction shape and its operand types.
@@ -135,6 +137,7 @@ def _name(fmt: FormatLike) -> str:
     return as_format(fmt).name
 
 
+@ieee_mode
 def instruction_for(input: FormatLike, output: FormatLike = "fp32") -> MMAInstruction:
     """The ``mma.sync`` instruction for an input/output pair.
 
@@ -153,6 +156,7 @@ def instruction_for(input: FormatLike, output: FormatLike = "fp32") -> MMAInstru
         raise ValueError(f"no mma.sync path for {key[0]}->{key[1]}; valid: {valid}") from None
 
 
+@ieee_mode
 def fragment_coords(ins: MMAInstruction, operand: str) -> tuple[np.ndarray, np.ndarray]:
     """(row, col) of every element each lane holds: two int arrays of shape (32, elements per lane).
 
@@ -180,6 +184,7 @@ def fragment_coords(ins: MMAInstruction, operand: str) -> tuple[np.ndarray, np.n
     return np.broadcast_to(row, col.shape).copy(), col
 
 
+@ieee_mode
 def input_words(x: np.ndarray, fmt: Format) -> np.ndarray:
     """Register codes of input values: the format's bit pattern (uint), fp32 bits for tf32.
 
@@ -209,6 +214,7 @@ def _tiles(x: np.ndarray, shape: tuple[int, int], name: str) -> np.ndarray:
     return arr
 
 
+@ieee_mode
 def pack_a(a: np.ndarray, ins: MMAInstruction) -> np.ndarray:
     """A tiles (T, 16, K) of input values -> register words (T, 32, a_regs) uint32."""
     a = _tiles(a, (ins.m, ins.k), "a")
@@ -216,6 +222,7 @@ def pack_a(a: np.ndarray, ins: MMAInstruction) -> np.ndarray:
     return _pack(input_words(a, ins.input), rows, cols, ins.per_reg, ins.bits)
 
 
+@ieee_mode
 def pack_b(b: np.ndarray, ins: MMAInstruction) -> np.ndarray:
     """B tiles (T, K, 8) of input values -> register words (T, 32, b_regs) uint32."""
     b = _tiles(b, (ins.k, ins.n), "b")
@@ -231,6 +238,7 @@ def _out_codes(x: np.ndarray, out: Format) -> np.ndarray:
     return np.asarray(to_bits(np.asarray(x, dtype=np.float64), out), dtype=np.uint32)
 
 
+@ieee_mode
 def pack_c(c: np.ndarray, ins: MMAInstruction) -> np.ndarray:
     """C tiles (T, 16, 8) of output-format values -> register words (T, 32, c_regs) uint32."""
     c = _tiles(c, (ins.m, ins.n), "c")
@@ -238,6 +246,7 @@ def pack_c(c: np.ndarray, ins: MMAInstruction) -> np.ndarray:
     return _pack(_out_codes(c, ins.output), rows, cols, ins.c_per_reg, 32 // ins.c_per_reg)
 
 
+@ieee_mode
 def unpack_d(words: np.ndarray, ins: MMAInstruction) -> np.ndarray:
     """D register words (T, 32, c_regs) -> output codes (T, 16, 8): uint32 fp32 bits or uint16 fp16 bits."""
     w = np.asarray(words, dtype=np.uint32)
@@ -256,6 +265,7 @@ def unpack_d(words: np.ndarray, ins: MMAInstruction) -> np.ndarray:
     return out
 
 
+@ieee_mode
 def unpack_operand(words: np.ndarray, ins: MMAInstruction, operand: str) -> np.ndarray:
     """Inverse of :func:`pack_a`/:func:`pack_b`/:func:`pack_c`: register words -> codes per tile element.
 
@@ -280,6 +290,7 @@ def unpack_operand(words: np.ndarray, ins: MMAInstruction, operand: str) -> np.n
     return out
 
 
+@ieee_mode
 def decode_d(codes: np.ndarray, ins: MMAInstruction) -> np.ndarray:
     """Output codes -> float64 values."""
     if ins.output == fp32:
@@ -287,6 +298,7 @@ def decode_d(codes: np.ndarray, ins: MMAInstruction) -> np.ndarray:
     return np.asarray(from_bits(codes, ins.output), dtype=np.float64)
 
 
+@ieee_mode
 def mma_kernel_source(ins: MMAInstruction) -> str:
     """CUDA C source of a kernel running one `ins` per warp; each warp handles one tile.
 

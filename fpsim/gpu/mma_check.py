@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from ..bits import to_bits
 from ..formats import Format, FormatLike, fp32, tf32
 from ..mma import MMAModel, dot, get_model
@@ -58,6 +59,7 @@ def _hex(v: float, fmt: Format) -> str:
     return f"{int(to_bits(v, fmt)):0{(fmt.width + 3) // 4}x}"
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class MMAReport:
     """Outcome of comparing GPU D values with an fpsim model, bit for bit.
@@ -106,6 +108,7 @@ class MMAReport:
         return "\n".join(lines)
 
 
+@ieee_mode
 def random_tiles(ins: MMAInstruction, tiles: int, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Random A (T,16,K), B (T,K,8), C (T,16,8) values exact in the instruction's formats.
 
@@ -134,6 +137,7 @@ def random_tiles(ins: MMAInstruction, tiles: int, *, seed: int = 0) -> tuple[np.
     return a, b, c
 
 
+@ieee_mode
 def expected_d(a: np.ndarray, b: np.ndarray, c: np.ndarray, model: MMAModel) -> np.ndarray:
     """D (T,16,8) under `model`: element (t,i,j) = dot(a[t,i,:], b[t,:,j], c[t,i,j]) (float64)."""
     rows = np.asarray(a, dtype=np.float64)[:, :, None, :]  # (T, 16, 1, K)
@@ -141,6 +145,7 @@ def expected_d(a: np.ndarray, b: np.ndarray, c: np.ndarray, model: MMAModel) -> 
     return np.asarray(dot(rows, cols, np.asarray(c, dtype=np.float64), model), dtype=np.float64)
 
 
+@ieee_mode
 def compare_mma(a: np.ndarray, b: np.ndarray, c: np.ndarray, d_codes: np.ndarray, model: MMAModel,
                 ins: MMAInstruction | None = None, *, probe_ids: Sequence[str] = (), max_examples: int = 10,
                 device: str = "") -> MMAReport:
@@ -191,6 +196,7 @@ def _decode_inputs(codes: np.ndarray, ins: MMAInstruction) -> np.ndarray:
     return np.asarray(from_bits(codes, ins.input), dtype=np.float64)
 
 
+@ieee_mode
 def emulate_words(a_words: np.ndarray, b_words: np.ndarray, c_words: np.ndarray, ins: MMAInstruction,
                   model: MMAModel) -> np.ndarray:
     """CPU stand-in for the GPU: unpack the register words, evaluate `model`, pack D the way the GPU would."""
@@ -208,6 +214,7 @@ def _decode_inputs_out(codes: np.ndarray, ins: MMAInstruction) -> np.ndarray:
     return np.asarray(from_bits(codes, ins.output), dtype=np.float64)
 
 
+@ieee_mode
 def gpu_runner(device: int = 0) -> Runner:
     """A runner that executes the instruction on CUDA device `device` through CuPy (compiled once per path)."""
     from ._device import compile_options, require_cupy
@@ -232,6 +239,7 @@ def gpu_runner(device: int = 0) -> Runner:
     return run
 
 
+@ieee_mode
 def run_tiles(a: np.ndarray, b: np.ndarray, c: np.ndarray, ins: MMAInstruction, runner: Runner) -> np.ndarray:
     """Pack the tiles, run them (GPU or emulation), return D codes (T,16,8)."""
     return unpack_d(runner(pack_a(a, ins), pack_b(b, ins), pack_c(c, ins), ins), ins)
@@ -266,6 +274,7 @@ def _resolve_model(model_or_device: MMAModel | str | None, input: FormatLike, ou
     raise TypeError(f"model_or_device must be an MMAModel, a device name or None, got {type(model_or_device).__name__}")
 
 
+@ieee_mode
 def crosscheck_mma(model_or_device: MMAModel | str | None = None, input: FormatLike = "fp16",
                    output: FormatLike = "fp32", n: int = 10000, *, device: int = 0, seed: int = 0,
                    probes: bool = True, runner: Runner | None = None, max_examples: int = 10) -> MMAReport:

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from ..bits import from_bits, to_bits
 from ..formats import Format, FormatLike, as_format, fp32, tf32
 from ..mma import DEVICES, MMAModel, dot, get_model
@@ -53,6 +54,7 @@ def p(n: int) -> float:
     return math.ldexp(1.0, n)
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class Probe:
     """One probe: ``d = c + sum_i a[i]*b[i]`` (zero-padded to the instruction's K)."""
@@ -215,6 +217,7 @@ def _random_probes(fin: Format, fout: Format, K: int, n: int, seed: int) -> list
     return [Probe(f"R.{i}", tuple(a[i]), tuple(b[i]), float(c[i]), "random row") for i in range(n)]
 
 
+@ieee_mode
 def probe_suite(input: FormatLike, output: FormatLike = "fp32", *, random_rows: int = 48,
                 seed: int = 0) -> tuple[Probe, ...]:
     """All probes for one ``mma.sync`` path whose values are exact in its formats.
@@ -262,6 +265,7 @@ def _value(code: int, fmt: Format) -> float:
     return float(from_bits(code, fmt))
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class ProbeOutputs:
     """What one device returned for the probes of one path: ``values[probe id] = D`` (a float).
@@ -294,6 +298,7 @@ class ProbeOutputs:
                    seed=int(d.get("seed", 0)), random_rows=int(d.get("random_rows", 48)), note=str(d.get("note", "")))
 
 
+@ieee_mode
 def evaluate_probes(probes: Sequence[Probe], model: MMAModel, K: int) -> np.ndarray:
     """D of every probe under `model` (float64), each zero-padded to K terms."""
     n = len(probes)
@@ -306,6 +311,7 @@ def evaluate_probes(probes: Sequence[Probe], model: MMAModel, K: int) -> np.ndar
     return np.atleast_1d(np.asarray(dot(a, b, c, model), dtype=np.float64))
 
 
+@ieee_mode
 def model_outputs(model: MMAModel, *, random_rows: int = 48, seed: int = 0, device: str = "") -> ProbeOutputs:
     """The :class:`ProbeOutputs` `model` predicts for its path (what a device following it would return)."""
     ins = instruction_for(model.input, model.output)
@@ -322,6 +328,7 @@ def model_outputs(model: MMAModel, *, random_rows: int = 48, seed: int = 0, devi
 _PARAMS = ("k", "neab", "rounding", "mb", "c_entry", "grouping")
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class FittedModel:
     """Block-FMA parameters fitted to a device's probe outputs for one path.
@@ -494,6 +501,7 @@ def _detectors(obs: Mapping[str, float], fout: Format, K: int, mb: int) -> dict[
     return det
 
 
+@ieee_mode
 def fit_parameters(probe_outputs: ProbeOutputs | Mapping[str, Any], *, max_alternatives: int = 20) -> FittedModel:
     """Fit block-FMA parameters to observed probe outputs (pure; no GPU needed).
 
@@ -583,6 +591,7 @@ def fit_parameters(probe_outputs: ProbeOutputs | Mapping[str, Any], *, max_alter
 # Running on a GPU
 # ---------------------------------------------------------------------------------------------------------
 
+@ieee_mode
 @dataclass(frozen=True)
 class ProbeResult:
     """:func:`probe`'s answer: the device, the fitted model and raw outputs per path, and skipped paths."""
@@ -618,6 +627,7 @@ def run_probes(ins: MMAInstruction, runner: Callable[..., np.ndarray], *, random
                         device=device, seed=seed, random_rows=random_rows, note="measured")
 
 
+@ieee_mode
 def probe(device: int = 0, *, paths: Sequence[tuple[str, str]] | None = None, random_rows: int = 48,
           seed: int = 0, runner: Callable[..., np.ndarray] | None = None, cc: int | None = None,
           device_name: str | None = None) -> ProbeResult:

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .._fpenv import ieee_mode
 from .fragments import PATHS, instruction_for
 
 __all__ = ["WGMMA_PATHS", "main", "render_markdown", "run_all"]
@@ -44,6 +45,7 @@ def _atomic_write(path: Path, text: str) -> None:
         raise
 
 
+@ieee_mode
 def run_all(device: int = 0, *, as_device: str | None = None, rows: int = 10000, conv_random: int = 1 << 20,
             seed: int = 0, log: Any = None) -> dict[str, Any]:
     """Run conversions, MMA cross-checks and the probe on CUDA device `device`; return a JSON-able dict."""
@@ -119,6 +121,7 @@ def run_all(device: int = 0, *, as_device: str | None = None, rows: int = 10000,
     return res
 
 
+@ieee_mode
 def render_markdown(res: dict[str, Any]) -> str:
     """A Markdown report of :func:`run_all`'s result (pure)."""
     d = res["device"]
@@ -169,6 +172,7 @@ def render_markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+@ieee_mode
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fpsim.gpu.run_all", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="directory for results.json and results.md")

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from ..bits import from_bits, to_bits
 from ..formats import FormatLike, as_format, fp8_e4m3, fp8_e5m2, fp16, fp32
 from ..mma import MMAModel, get_model
@@ -72,6 +73,7 @@ SBO = 256
 _PTX = {"fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2", "fp32": "f32", "fp16": "f16"}
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class WGMMAInstruction(MMAInstruction):
     """One ``wgmma.mma_async`` FP8 instruction (m64nNk32); compatible with :func:`fpsim.gpu.compare_mma`.
@@ -110,6 +112,7 @@ class WGMMAInstruction(MMAInstruction):
         return self.n * self.k
 
 
+@ieee_mode
 def wgmma_instruction(input: FormatLike = "fp8_e4m3", output: FormatLike = "fp32", n: int = 8) -> WGMMAInstruction:
     """The wgmma FP8 instruction for an input/output pair and N.
 
@@ -134,6 +137,7 @@ def wgmma_instruction(input: FormatLike = "fp8_e4m3", output: FormatLike = "fp32
 # Shared-memory images and descriptors
 
 
+@ieee_mode
 def smem_offsets(rows: int, k: int = 32) -> np.ndarray:
     """Byte offset of element (r, k) of a K-major operand of `rows` rows: int array (rows, k)."""
     r = np.arange(rows)[:, None]
@@ -150,6 +154,7 @@ def _tiles3(x: Any, shape: tuple[int, int], name: str) -> np.ndarray:
     return arr
 
 
+@ieee_mode
 def pack_smem(x: Any, ins: WGMMAInstruction, operand: str) -> np.ndarray:
     """A tiles (T, 64, 32) or B tiles (T, 32, N) of FP8 values -> shared-memory images (T, bytes) uint8.
 
@@ -168,6 +173,7 @@ def pack_smem(x: Any, ins: WGMMAInstruction, operand: str) -> np.ndarray:
     return img
 
 
+@ieee_mode
 def unpack_smem(img: Any, ins: WGMMAInstruction, operand: str) -> np.ndarray:
     """Inverse of :func:`pack_smem`: images -> FP8 codes (T, 64, 32) for A, (T, 32, N) for B."""
     rows = ins.m if operand == "a" else ins.n
@@ -180,6 +186,7 @@ def unpack_smem(img: Any, ins: WGMMAInstruction, operand: str) -> np.ndarray:
     return codes if operand == "a" else np.swapaxes(codes, 1, 2)
 
 
+@ieee_mode
 def descriptor(address: int, lbo: int = LBO, sbo: int = SBO, swizzle: int = 0) -> int:
     """The 64-bit wgmma matrix descriptor of a shared-memory operand at byte `address`.
 
@@ -200,6 +207,7 @@ def descriptor(address: int, lbo: int = LBO, sbo: int = SBO, swizzle: int = 0) -
 # Accumulator fragments
 
 
+@ieee_mode
 def accumulator_coords(ins: WGMMAInstruction) -> tuple[np.ndarray, np.ndarray]:
     """(row, col) of every accumulator element each of the 128 threads holds: int arrays (128, N/2)."""
     tid = np.arange(128)[:, None]
@@ -211,6 +219,7 @@ def accumulator_coords(ins: WGMMAInstruction) -> tuple[np.ndarray, np.ndarray]:
     return np.broadcast_to(row, col.shape).copy(), col
 
 
+@ieee_mode
 def pack_accumulator(c: Any, ins: WGMMAInstruction) -> np.ndarray:
     """C tiles (T, 64, N) of output-format values -> accumulator words (T, 128, d_regs) uint32."""
     cv = _tiles3(c, (ins.m, ins.n), "c")
@@ -221,6 +230,7 @@ def pack_accumulator(c: Any, ins: WGMMAInstruction) -> np.ndarray:
     return np.ascontiguousarray(el[..., 0::2] | (el[..., 1::2] << np.uint32(16)))
 
 
+@ieee_mode
 def unpack_accumulator(words: Any, ins: WGMMAInstruction) -> np.ndarray:
     """Accumulator words (T, 128, d_regs) -> output codes (T, 64, N): uint32 fp32 bits or uint16 fp16 bits."""
     w = np.asarray(words, dtype=np.uint32)
@@ -241,6 +251,7 @@ def unpack_accumulator(words: Any, ins: WGMMAInstruction) -> np.ndarray:
 # Kernel source
 
 
+@ieee_mode
 def wgmma_kernel_source(ins: WGMMAInstruction) -> str:
     """CUDA C source: one CTA of 128 threads (a warpgroup) runs one `ins` per tile; compile for sm_90a.
 
@@ -309,6 +320,7 @@ extern "C" __global__ void __launch_bounds__(128) {WGMMA_KERNEL_NAME}(
 WGMMARunner = Callable[[np.ndarray, np.ndarray, np.ndarray, WGMMAInstruction], np.ndarray]
 
 
+@ieee_mode
 def emulate_wgmma(a_img: np.ndarray, b_img: np.ndarray, c_words: np.ndarray, ins: WGMMAInstruction,
                   model: MMAModel) -> np.ndarray:
     """CPU stand-in for the GPU: decode the images and accumulator words, evaluate `model`, pack D."""
@@ -322,12 +334,14 @@ def emulate_wgmma(a_img: np.ndarray, b_img: np.ndarray, c_words: np.ndarray, ins
     return pack_accumulator(expected_d(a, b, c, model), ins)
 
 
+@ieee_mode
 def run_wgmma_tiles(a: Any, b: Any, c: Any, ins: WGMMAInstruction, runner: WGMMARunner) -> np.ndarray:
     """Pack the tiles, run them (GPU or emulation), return D codes (T, 64, N)."""
     words = runner(pack_smem(a, ins, "a"), pack_smem(b, ins, "b"), pack_accumulator(c, ins), ins)
     return unpack_accumulator(words, ins)
 
 
+@ieee_mode
 def wgmma_gpu_runner(device: int = 0) -> WGMMARunner:
     """A runner executing the instruction on CUDA device `device` (a Hopper GPU) through CuPy, compiled for sm_90a."""
     from ._device import GPUUnavailable, compile_options, device_info, require_cupy
@@ -359,6 +373,7 @@ def wgmma_gpu_runner(device: int = 0) -> WGMMARunner:
     return run
 
 
+@ieee_mode
 def layout_tiles(ins: WGMMAInstruction) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Two tiles whose D reveals the operand layouts: A one-hot (row r picks k = r % 32), C = 0.
 
@@ -375,6 +390,7 @@ def layout_tiles(ins: WGMMAInstruction) -> tuple[np.ndarray, np.ndarray, np.ndar
     return a, b, np.zeros((2, ins.m, ins.n))
 
 
+@ieee_mode
 def crosscheck_wgmma(model_or_device: MMAModel | str | None = None, input: FormatLike = "fp8_e4m3",
                      output: FormatLike = "fp32", n: int = 20000, *, nsize: int = 8, device: int = 0,
                      seed: int = 0, runner: WGMMARunner | None = None, max_examples: int = 10) -> MMAReport:

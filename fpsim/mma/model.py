@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from ..arith import Context
 from ..formats import Format, FormatLike, as_format, fp16, fp32
 from ..rounding import round as _fround
@@ -59,6 +60,7 @@ _GROUPINGS = ("none", "mod4")
 NO_EXP = -8000
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class MMAModel:
     """One matrix-multiply-accumulate data path: ``D = C + A @ B`` as some hardware (or rule) computes it.
@@ -213,6 +215,7 @@ class MMAModel:
         return "\n".join(lines)
 
 
+@ieee_mode
 def generic(kind: str, output: FormatLike = "fp32", *, input: FormatLike = "fp32",
             acc: FormatLike = "fp32") -> MMAModel:
     """A generic (non-hardware) model: ``"exact"``, ``"fma_chain"``, ``"pairwise"`` or ``"wide"``.

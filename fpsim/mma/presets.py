@@ -162,6 +162,7 @@ class Provenance:
                           self.tests + tuple(t for t in other.tests if t not in self.tests))
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class DeviceInfo:
     """One device: its architecture, the family whose parameters it uses, a short note, vendor and unit.

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_bool, check_int
+from .._fpenv import ieee_mode
 from . import recompute as _recompute
 from .layers import linear_backward, linear_forward, softmax_backward, softmax_forward
 from .precision import Precision, current_precision
@@ -48,6 +49,7 @@ def _check_attention_weights(C: int, w_qkv: Any, b_qkv: Any, w_proj: Any, b_proj
             raise ValueError(f"{name} must have shape {want} for n_embd={C}, got {np.shape(a)}")
 
 
+@ieee_mode
 def attention_forward(x: np.ndarray, w_qkv: np.ndarray, b_qkv: np.ndarray | None, w_proj: np.ndarray,
                       b_proj: np.ndarray | None, n_head: int, *, prec: Precision | None = None,
                       site: str = "attn", recompute_core: bool = False) -> tuple[np.ndarray, Any]:
@@ -112,6 +114,7 @@ def _core_forward(q: np.ndarray, kt: np.ndarray, v: np.ndarray, scale: np.ndarra
     return y, (c_qk, c_sm, c_pv, mask)
 
 
+@ieee_mode
 def attention_backward(dout: np.ndarray, cache: Any) -> dict[str, Any]:
     """Gradients: ``{"x", "w_qkv", "b_qkv", "w_proj", "b_proj"}`` from dout (B, T, C)."""
     c_qkv, c_qk, c_sm, c_pv, c_proj, mask, scale, (B, T, C, nh, hd), prec, site = cache

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_bool, check_int, check_real
+from .._fpenv import ieee_mode
 from .._names import parse_name
 from . import recompute as _recompute
 from .attention import attention_backward, attention_forward
@@ -64,6 +65,7 @@ def _parse_checkpoint(value: object, n_layer: int) -> str | int:
                     f"got {type(value).__name__} {value!r}")
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class GPTConfig:
     """Shape of the model.
@@ -153,6 +155,7 @@ def _check_params(params: Any, cfg: GPTConfig, what: str = "params", *, finite: 
             raise ValueError(f"{what}[{k!r}] holds inf or NaN values")
 
 
+@ieee_mode
 def init_params(cfg: GPTConfig, seed: int = 0, dtype: Any = np.float32) -> dict[str, np.ndarray]:
     """GPT-2 style initial parameters (normal(0, init_std), zero biases, unit LayerNorm gains)."""
     if not isinstance(cfg, GPTConfig):
@@ -190,11 +193,13 @@ def init_params(cfg: GPTConfig, seed: int = 0, dtype: Any = np.float32) -> dict[
     return p
 
 
+@ieee_mode
 def count_params(params: dict[str, np.ndarray]) -> int:
     """Number of scalar parameters (tied weights counted once)."""
     return int(sum(v.size for v in params.values()))
 
 
+@ieee_mode
 def activation_elements(cfg: GPTConfig, T: int | None = None) -> int:
     """An *estimate* of the activation elements the backward pass keeps per token (sequence position).
 
@@ -316,6 +321,7 @@ def _block_backward(dx: np.ndarray, cache: Any, g: dict[str, np.ndarray],
     return out
 
 
+@ieee_mode
 def gpt_forward(params: dict[str, np.ndarray], cfg: GPTConfig, idx: np.ndarray, targets: np.ndarray | None = None,
                 *, prec: Precision | None = None, ignore_index: int = -1,
                 loss_normalizer: int | None = None) -> tuple[np.ndarray, np.ndarray | None, Any]:
@@ -378,6 +384,7 @@ def gpt_forward(params: dict[str, np.ndarray], cfg: GPTConfig, idx: np.ndarray, 
     return logits, loss, cache
 
 
+@ieee_mode
 def gpt_backward(dloss: float | np.ndarray, cache: Any) -> dict[str, np.ndarray]:
     """Gradients of ``dloss * loss`` with respect to every parameter (``dloss`` = loss scale, or 1)."""
     caches, cfg, prec, T = cache

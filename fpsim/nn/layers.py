@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_int
+from .._fpenv import ieee_mode
 from .precision import Precision, current_precision
 
 __all__ = [
@@ -75,6 +76,7 @@ def _check_ids(ids: Any, n: int, what: str, *, ignore_index: int | None = None) 
     return a
 
 
+@ieee_mode
 def embedding_forward(idx: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, Cache]:
     """Look up rows of ``w``. idx (B, T) int with values in [0, V), w (V, C) -> out (B, T, C)."""
     w = np.asarray(w)
@@ -85,6 +87,7 @@ def embedding_forward(idx: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, Cache
     return out, (idx, w.shape)
 
 
+@ieee_mode
 def embedding_backward(dout: np.ndarray, cache: Cache) -> np.ndarray:
     """dW (V, C): rows of ``dout`` (B, T, C) summed into the rows they were read from."""
     idx, wshape = cache
@@ -95,6 +98,7 @@ def embedding_backward(dout: np.ndarray, cache: Cache) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------- linear
 
+@ieee_mode
 def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, *, prec: Precision | None = None,
                    site: str = "linear", kind: str = "linear") -> tuple[np.ndarray, Cache]:
     """``x @ w + b``. x (..., Cin), w (Cin, Cout), b (Cout,) -> out (..., Cout). ``prec=None``: the
@@ -106,6 +110,7 @@ def linear_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, *, prec: 
     return out.reshape(*shape[:-1], w.shape[1]), (mcache, shape, prec)
 
 
+@ieee_mode
 def linear_backward(dout: np.ndarray, cache: Cache) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(dx (..., Cin), dw (Cin, Cout), db (Cout,) or None)."""
     mcache, shape, prec = cache
@@ -116,6 +121,7 @@ def linear_backward(dout: np.ndarray, cache: Cache) -> tuple[np.ndarray, np.ndar
 
 # ---------------------------------------------------------------------------------------------- layernorm
 
+@ieee_mode
 def layernorm_forward(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float = 1e-5) -> tuple[np.ndarray, Cache]:
     """Normalize over the last axis, then scale and shift. x (..., C) -> out (..., C)."""
     mean = x.mean(axis=-1, keepdims=True)                         # (..., 1)
@@ -127,6 +133,7 @@ def layernorm_forward(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float = 
     return out, (xhat, rstd, g)
 
 
+@ieee_mode
 def layernorm_backward(dout: np.ndarray, cache: Cache) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dx (..., C), dg (C,), db (C,))."""
     xhat, rstd, g = cache
@@ -145,6 +152,7 @@ def layernorm_backward(dout: np.ndarray, cache: Cache) -> tuple[np.ndarray, np.n
 _GELU_C = float(np.sqrt(2.0 / np.pi))
 
 
+@ieee_mode
 def gelu_forward(x: np.ndarray) -> tuple[np.ndarray, Cache]:
     """GELU, tanh approximation (GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
     u = _GELU_C * (x + 0.044715 * (x * x * x))  # x*x*x: NumPy's float32 power is ~500x slower
@@ -152,6 +160,7 @@ def gelu_forward(x: np.ndarray) -> tuple[np.ndarray, Cache]:
     return 0.5 * x * (1.0 + t), (x, t)
 
 
+@ieee_mode
 def gelu_backward(dout: np.ndarray, cache: Cache) -> np.ndarray:
     x, t = cache
     du_dx = _GELU_C * (1.0 + 3 * 0.044715 * x * x)
@@ -161,6 +170,7 @@ def gelu_backward(dout: np.ndarray, cache: Cache) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------- softmax
 
+@ieee_mode
 def softmax_forward(x: np.ndarray) -> tuple[np.ndarray, Cache]:
     """Softmax over the last axis (``-inf`` entries get probability 0). x (..., K) -> y (..., K), K >= 1."""
     if np.ndim(x) < 1 or np.shape(x)[-1] < 1:
@@ -171,6 +181,7 @@ def softmax_forward(x: np.ndarray) -> tuple[np.ndarray, Cache]:
     return y, y
 
 
+@ieee_mode
 def softmax_backward(dout: np.ndarray, cache: Cache) -> np.ndarray:
     """dx = y * (dy - sum(dy * y))."""
     y = cache
@@ -179,11 +190,13 @@ def softmax_backward(dout: np.ndarray, cache: Cache) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------- residual
 
+@ieee_mode
 def residual_forward(x: np.ndarray, fx: np.ndarray) -> tuple[np.ndarray, Cache]:
     """``x + f(x)``: the residual stream. Both (..., C)."""
     return x + fx, None
 
 
+@ieee_mode
 def residual_backward(dout: np.ndarray, cache: Cache) -> tuple[np.ndarray, np.ndarray]:
     """The gradient flows unchanged into both branches."""
     return dout, dout
@@ -191,6 +204,7 @@ def residual_backward(dout: np.ndarray, cache: Cache) -> tuple[np.ndarray, np.nd
 
 # ---------------------------------------------------------------------------------------------- cross-entropy
 
+@ieee_mode
 def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index: int = -1,
                           normalizer: int | None = None) -> tuple[np.ndarray, Cache]:
     """Cross-entropy summed over the targets that are not ``ignore_index``, divided by ``normalizer``
@@ -227,6 +241,7 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index:
     return np.asarray(loss, dtype=logits.dtype), (probs, tt, valid, n, logits.shape)
 
 
+@ieee_mode
 def cross_entropy_backward(dloss: float | np.ndarray, cache: Cache) -> np.ndarray:
     """dlogits (B, T, V) = dloss * (softmax - onehot) / normalizer on the valid rows, 0 elsewhere.
 

@@ -141,6 +141,7 @@ def lora_linear_backward(dout: np.ndarray, cache: Any) -> tuple[np.ndarray, np.n
     return dx.reshape(shape), dA, dB
 
 
+@ieee_mode
 class LoRAPrecision:
     """A :class:`~fpsim.nn.Precision` that adds LoRA adapters to the GEMMs of the named sites.
 

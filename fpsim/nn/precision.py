@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from .._blas import matmul as _blas_matmul
+from .._fpenv import ieee_mode
 
 __all__ = ["FULL", "GEMM_KINDS", "FullPrecision", "Precision", "current_precision"]
 
@@ -51,6 +52,7 @@ class Precision(Protocol):
         ...
 
 
+@ieee_mode
 class FullPrecision:
     """No rounding anywhere: plain NumPy in the inputs' dtype (float64 for gradient checks)."""
 
@@ -99,6 +101,7 @@ _AMBIENT: contextvars.ContextVar[Precision | None] = contextvars.ContextVar("fps
                                                                             default=None)
 
 
+@ieee_mode
 def current_precision(prec: Precision | None = None) -> Precision:
     """``prec`` if given, else the innermost ``fpsim.amp.autocast``'s precision, else :data:`FULL`.
 

@@ -38,6 +38,8 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from .._fpenv import ieee_mode
+
 __all__ = ["Recomputable", "is_naive", "naive_recomputation", "replaying", "snapshot", "tracing"]
 
 
@@ -77,11 +79,13 @@ def naive_recomputation() -> Iterator[None]:
         _LOCAL.naive = old
 
 
+@ieee_mode
 def is_naive() -> bool:
     """True inside :func:`naive_recomputation`."""
     return bool(_LOCAL.naive)
 
 
+@ieee_mode
 def snapshot(prec: Any) -> Any:
     """``prec.recompute_state()`` where the precision object has one (and not naive), else None."""
     f = getattr(prec, "recompute_state", None)

@@ -36,12 +36,14 @@ from typing import Any
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from .attention import _CoreInputs
 from .gpt import _BlockCheckpoint
 
 __all__ = ["SavedTensor", "buffer_of", "core_tensors", "saved_tensors"]
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class SavedTensor:
     """One array held for the backward pass.
@@ -62,6 +64,7 @@ class SavedTensor:
     produced_by: Any = None
 
 
+@ieee_mode
 def buffer_of(a: np.ndarray) -> np.ndarray:
     """The array owning ``a``'s memory (follows ``.base`` through views)."""
     while isinstance(a.base, np.ndarray):

@@ -10,6 +10,8 @@ import argparse
 import math
 from typing import Any
 
+from .._fpenv import ieee_mode
+
 __all__ = ["PLAN_JSON_KEYS", "COMPUTE_JSON_KEYS", "cmd_plan", "plan_result", "register_cli"]
 
 #: Top-level keys of ``fpsim plan --json`` (stable: new keys may be added, none removed; docs/planner.md).
@@ -95,6 +97,7 @@ def _model(args: argparse.Namespace) -> Any:
     return spec
 
 
+@ieee_mode
 def plan_result(args: argparse.Namespace) -> dict[str, Any]:
     """What ``fpsim plan`` computes, as the dict ``--json`` prints (keys :data:`PLAN_JSON_KEYS`)."""
     from .._cliargs import flag_value, nonneg_int, pos_int
@@ -190,6 +193,7 @@ def _text(res: dict[str, Any], unit: str) -> str:
     return "\n".join(out)
 
 
+@ieee_mode
 def cmd_plan(args: argparse.Namespace) -> int:
     from .._cliargs import flag_value, json_text
     from .memory import _unit

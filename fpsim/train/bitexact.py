@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from .._names import norm_name
 from ..amp import Policy, get_policy
 from .loop import History, TrainConfig, Trainer
@@ -27,6 +28,7 @@ from .loop import History, TrainConfig, Trainer
 __all__ = ["bit_exact_plan", "bit_exact_policy", "bit_exact_section", "gemm_device", "run_bit_exact", "step_cost"]
 
 
+@ieee_mode
 def gemm_device(value: Any) -> str:
     """The canonical name of the device whose Tensor Core model ``--gemm`` asks for.
 
@@ -49,6 +51,7 @@ def gemm_device(value: Any) -> str:
         raise ValueError(msg.replace(repr(key), repr(value), 1) if isinstance(value, str) else msg) from None
 
 
+@ieee_mode
 def bit_exact_policy(policy: str | Policy, device: str) -> Policy:
     """``policy`` with every GEMM through ``device``'s Tensor Core model, named ``"<policy>@<device>"``.
 
@@ -93,6 +96,7 @@ def _why_not(p: Policy, dev: str, e: ValueError) -> str:
     return str(e)
 
 
+@ieee_mode
 def bit_exact_plan(names: Sequence[str], device: str) -> tuple[list[tuple[str, Policy]], dict[str, str]]:
     """``([(policy, its bit-exact copy)], {policy: why it has none})`` for the demo's policies; ``ValueError``
     (before any training) when none admits a device GEMM.
@@ -116,6 +120,7 @@ def bit_exact_plan(names: Sequence[str], device: str) -> tuple[list[tuple[str, P
     return todo, skipped
 
 
+@ieee_mode
 def step_cost(fast: str | Policy, exact: str | Policy, cfg: TrainConfig, *, rounds: int = 3,
               steps: int = 2) -> tuple[float, float]:
     """Seconds per training step ``(fast, exact)`` of two policies, timed in interleaved rounds (best of
@@ -142,6 +147,7 @@ def step_cost(fast: str | Policy, exact: str | Policy, cfg: TrainConfig, *, roun
     return best[0], best[1]
 
 
+@ieee_mode
 def run_bit_exact(names: Sequence[str], cfg: TrainConfig, device: str, fast: dict[str, dict[str, Any]],
                   histories: dict[str, History], *, progress: bool | None = None,
                   log: Any = None) -> dict[str, Any]:
@@ -192,6 +198,7 @@ def run_bit_exact(names: Sequence[str], cfg: TrainConfig, device: str, fast: dic
     return {"device": dev, "rows": rows, "skipped": skipped}
 
 
+@ieee_mode
 def bit_exact_section(block: dict[str, Any]) -> str:
     """The report's section on the bit-exact GEMM runs (``run_bit_exact``'s result), in Markdown.
 

@@ -35,6 +35,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from ._files import atomic_write, remove_stale_tmp
 
 __all__ = ["FORMAT_VERSION", "STALE_TMP_AGE_S", "CheckpointError", "load_checkpoint", "save_checkpoint"]
@@ -69,6 +70,7 @@ def _remove_stale_tmp(folder: str) -> list[str]:
     return remove_stale_tmp(folder, _TMP_RE, STALE_TMP_AGE_S)
 
 
+@ieee_mode
 def save_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> str:
     """Write ``trainer``'s full state to ``path`` atomically; returns the path.
 
@@ -319,6 +321,7 @@ def _storage_dtype(fmt: Any) -> Any:
     return np.float32 if fmt.fits_float32 else np.float64
 
 
+@ieee_mode
 def load_checkpoint(path: str | os.PathLike[str], *, policy: Any = None, config: Any = None,
                     task: Any = None) -> Any:
     """A :class:`~fpsim.train.Trainer` restored from ``path``, ready to continue with ``run()``.

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .._fpenv import ieee_mode
+
 __all__ = ["cmd_demo", "register_cli"]
 
 #: Seeds ``fpsim demo`` trains when ``--seeds`` is not given: 3 for the full demo, so that its lesson table says
@@ -38,6 +40,7 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
+@ieee_mode
 def cmd_demo(args: argparse.Namespace) -> int:
     from .._cliargs import flag_value, int_range, nonneg_int
     from .._dask import MAX_WORKERS

@@ -21,11 +21,13 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_int
+from .._fpenv import ieee_mode
 from .._names import parse_name
 
 __all__ = ["CharText", "ModularAddition", "SequenceTask", "Task", "get_task", "task_names"]
 
 
+@ieee_mode
 class Task:
     """Base class: ``vocab_size``, ``seq_len`` (T) and ``batch(rng, B) -> (x, y)``."""
 
@@ -47,6 +49,7 @@ _TRANSFORMS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 
+@ieee_mode
 @dataclass
 class SequenceTask(Task):
     """``length`` random symbols, a separator, then their copy / reversal / sorted order.
@@ -84,6 +87,7 @@ class SequenceTask(Task):
         return {**super().describe(), "n_symbols": self.n_symbols, "length": self.length}
 
 
+@ieee_mode
 @dataclass
 class ModularAddition(Task):
     """``a b = (a+b) mod p``: tokens 0..p-1 and ``=`` (token p); the loss counts only the answer."""
@@ -111,6 +115,7 @@ class ModularAddition(Task):
         return {**super().describe(), "p": self.p}
 
 
+@ieee_mode
 class CharText(Task):
     """Character-level language modelling on a text (or the contents of a file): random windows of
     ``seq_len`` characters, every next character counts."""
@@ -185,6 +190,7 @@ def _check_task_kwargs(name: str, kwargs: object) -> dict[str, Any]:
     return kw
 
 
+@ieee_mode
 def get_task(name: str | Task, **kwargs: Any) -> Task:
     """A task by name: ``copy``, ``reverse``, ``sort`` (kwargs n_symbols, length), ``modadd`` (p),
     ``text`` (path= or text=, seq_len). Names follow the one rule (case and surrounding space ignored)."""

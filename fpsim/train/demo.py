@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from ..amp import get_policy
 from ..nn import GPTConfig, count_params, init_params
 from ._files import atomic_write, remove_stale_tmp
@@ -43,6 +44,7 @@ DEFAULT_POLICIES = ("fp32", "bf16-mixed", "fp16-mixed", "fp16-fast-scaler", "fp1
                     "fp8-hybrid", "int8-qat", "int4-qat", "int8-ptq", "int4-ptq")
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class DemoSettings:
     """The experiment: task, model and training hyper-parameters shared by every policy."""
@@ -71,6 +73,7 @@ class DemoSettings:
                            eval_every=self.eval_every, histogram_every=self.histogram_every)
 
 
+@ieee_mode
 def demo_settings(quick: bool = False, steps: int | None = None, seed: int = 0) -> DemoSettings:
     """The full demo, or the ``--quick`` one (fewer steps)."""
     s = DemoSettings(steps=120, histogram_every=30, eval_every=40) if quick else DemoSettings()
@@ -82,11 +85,13 @@ def demo_settings(quick: bool = False, steps: int | None = None, seed: int = 0) 
     return replace(s, seed=int(seed))
 
 
+@ieee_mode
 def memory_ledger(policy: Any, optimizer: str = "adamw") -> dict[str, float]:
     """Bytes per parameter under ``policy`` (see :meth:`fpsim.amp.Policy.memory_ledger`)."""
     return get_policy(policy).memory_ledger(optimizer)
 
 
+@ieee_mode
 def activation_bytes_per_token(policy: Any, cfg: GPTConfig) -> float:
     """An *estimate* of the bytes of activations kept for the backward pass, per token, under ``policy``.
 
@@ -132,6 +137,7 @@ def _metrics(h: History, wall: float, pol: Any, cfg: TrainConfig) -> dict[str, A
     }
 
 
+@ieee_mode
 def run_demo(out: str, *, quick: bool = False, steps: int | None = None, policies: Sequence[str] | None = None,
              seed: int = 0, progress: bool | None = None, log: Callable[[str], None] | None = print,
              settings: DemoSettings | None = None, seeds: int = 1, workers: int | None = None,
@@ -320,6 +326,7 @@ _TMP_RE = re.compile(r"\.fpsim-demo-tmp-[A-Za-z0-9_]{1,64}\Z")
 _STALE_TMP_AGE_S = 60.0
 
 
+@ieee_mode
 def check_output_dir(out: str | os.PathLike[str]) -> str:
     """Create ``out`` if needed and prove it writable, before any training; returns the path as a str.
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from .._names import parse_name
 from ..amp import AdamW
 from ..nn import FULL, GPTConfig, Precision, gpt_backward, gpt_forward, init_params
@@ -47,6 +48,7 @@ __all__ = ["FINETUNE_METHODS", "FinetuneSettings", "finetune", "finetune_compari
 FINETUNE_METHODS = ("full", "lora_bf16", "lora_fp16", "lora_int8", "qlora_nf4")
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class FinetuneSettings:
     """Tasks, model and hyper-parameters of the comparison (tiny: the notebook runs 3 seeds in < 1 min)."""
@@ -90,6 +92,7 @@ def _eval(params: dict[str, np.ndarray], cfg: GPTConfig, task: Any, s: FinetuneS
     return float(np.mean(losses))
 
 
+@ieee_mode
 def pretrain(s: FinetuneSettings, seed: int = 0) -> dict[str, np.ndarray]:
     """The FP32 base model: ``s.pretrain_steps`` of AdamW on ``s.pretrain_task``."""
     cfg = s.model()
@@ -107,6 +110,7 @@ def _linear_keys(cfg: GPTConfig) -> list[str]:
     return [f"h{i}.{site}.w" for i in range(cfg.n_layer) for site in LORA_SITES]
 
 
+@ieee_mode
 def quantize_base(params: dict[str, np.ndarray], cfg: GPTConfig, storage: str
                   ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
     """The base as ``storage`` keeps it: (the float32 values the forward pass sees, bytes per array).
@@ -135,6 +139,7 @@ def quantize_base(params: dict[str, np.ndarray], cfg: GPTConfig, storage: str
     return vals, nbytes
 
 
+@ieee_mode
 def finetune(base: dict[str, np.ndarray], s: FinetuneSettings, method: str, seed: int = 0, *,
              prec: Precision = FULL) -> dict[str, Any]:
     """Fine-tune the pretrained ``base`` on ``s.finetune_task`` with ``method`` (see :data:`FINETUNE_METHODS`).
@@ -194,6 +199,7 @@ def finetune(base: dict[str, np.ndarray], s: FinetuneSettings, method: str, seed
             "seconds": time.perf_counter() - t0}
 
 
+@ieee_mode
 def finetune_comparison(s: FinetuneSettings | None = None, seeds: Sequence[int] = (0, 1, 2),
                         methods: Sequence[str] = ("full", "lora_bf16", "qlora_nf4"), *,
                         threads: int = 1) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_int, check_real
+from .._fpenv import ieee_mode
 from .._names import parse_name
 from ..amp import MasterWeights, Policy, get_policy, make_optimizer
 from ..amp.runtime import HIST_HI, HIST_LO
@@ -35,6 +36,7 @@ __all__ = ["History", "TrainConfig", "Trainer", "lr_at"]
 _EVAL_SEED = 987_654_321
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything that defines a run besides the policy.
@@ -151,6 +153,7 @@ class TrainConfig:
         return cls(**d)
 
 
+@ieee_mode
 def lr_at(cfg: TrainConfig, step: int) -> float:
     """Learning rate at 0-based ``step``: linear warm-up, then cosine to ``lr * min_lr_frac``."""
     if not isinstance(cfg, TrainConfig):
@@ -169,6 +172,7 @@ SERIES = ("step", "loss", "loss_scale", "skipped", "lr", "grad_underflow_fractio
           "grad_overflow", "grad_amax", "lost_update_fraction", "wall_s")
 
 
+@ieee_mode
 class History:
     """Telemetry of a run as a plain dict of lists (``history.data``; also ``history[key]``).
 
@@ -303,6 +307,7 @@ class _Progress:
             sys.stderr.flush()
 
 
+@ieee_mode
 class Trainer:
     """Train a GPT on a task under a policy.
 

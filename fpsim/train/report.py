@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .._fpenv import ieee_mode
 from ..formats import as_format
 
 __all__ = ["POLICY_STYLES", "lesson_table", "plot_checkpointing", "policy_style", "seed_columns", "seed_section",
@@ -39,6 +40,7 @@ _OTHER_COLOURS = ("#332288", "#44AA99", "#CC6677", "#117733", "#AA4499", "#99993
 _OTHER_STYLES = ("-", "--", "-.", ":")
 
 
+@ieee_mode
 def policy_style(name: str, i: int = 0) -> tuple[str, str]:
     """``(colour, linestyle)`` of a policy: :data:`POLICY_STYLES` for built-in names, else by index ``i``.
 
@@ -239,6 +241,7 @@ def plot_qat_ptq(metrics: Mapping[str, Any], path: str, names: list[str]) -> str
     return _save(fig, path)
 
 
+@ieee_mode
 def write_plots(out: str, histories: Mapping[str, Any], metrics: Mapping[str, Any],
                 checkpointing: Mapping[str, Any] | None = None) -> dict[str, str]:
     """Write every plot the available runs allow (and the checkpointing ledger's, when given); returns
@@ -287,6 +290,7 @@ def _ci_text(r: Mapping[str, Any], fmt: str, scale: float = 1.0) -> str:
     return f"[{_num(scale * ci[0], fmt)}, {_num(scale * ci[1], fmt)}]"
 
 
+@ieee_mode
 def seed_columns(spread: Mapping[str, Any] | None, name: str | None) -> tuple[str, str]:
     """Extra cells of the demo's policy table for a multi-seed run: (header, separator) for ``name=None``,
     else (the row's cells, ""). Nothing for a one-seed demo (``spread`` None)."""
@@ -314,6 +318,7 @@ def _metric_fmt(metric: str) -> tuple[str, str, float, str]:
     return ".4f", ".3g", 1.0, ""
 
 
+@ieee_mode
 def lesson_table(policies: Mapping[str, Any], spread: Mapping[str, Any] | None = None, *, seed: int = 0) -> str:
     """The demo's lesson table: each lesson (:data:`fpsim.train.sweep.LESSONS`) whose two policies ran, the
     effect A - B in its metric on the report's seed, and the column *beyond seed noise?*.
@@ -361,6 +366,7 @@ def lesson_table(policies: Mapping[str, Any], spread: Mapping[str, Any] | None =
     return "\n".join(L) + "\n"
 
 
+@ieee_mode
 def seed_section(spread: Mapping[str, Any], sweep: Mapping[str, Any] | None = None) -> str:
     """The report's *Across seeds* section: each lesson's effect, mean and spread over seeds, and verdict."""
     L: list[str] = []
@@ -410,6 +416,7 @@ def seed_section(spread: Mapping[str, Any], sweep: Mapping[str, Any] | None = No
 # the checkpointing ledger (fpsim.train.ledger.checkpoint_table)
 # ------------------------------------------------------------------------------------------------------
 
+@ieee_mode
 def plot_checkpointing(table: Mapping[str, Any], path: str) -> str:
     """Stacked bars: peak activation bytes (device) per checkpointing mode, by kind, with the FLOP ratio."""
     plt = _plt()

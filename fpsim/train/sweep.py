@@ -51,6 +51,7 @@ class SweepError(RuntimeError, CommandError):
     """Some cells failed on every try; the finished ones are kept (and a rerun with ``out=`` resumes)."""
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class Cell:
     """One training run of a sweep: ``policy`` trained with ``settings`` and seed ``seed``.
@@ -97,6 +98,7 @@ class Cell:
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+@ieee_mode
 def grid(policies: Sequence[str] | None = None, seeds: int | Iterable[int] = 1,
          settings: DemoSettings | Mapping[str, DemoSettings] | None = None) -> list[Cell]:
     """The cells of a policy x seed x setting grid, setting-major, then seed, then policy.
@@ -195,6 +197,7 @@ def run_cell(cell: Cell) -> dict[str, Any]:
     return _canonical(out)  # type: ignore[no-any-return]
 
 
+@ieee_mode
 def history_of(result: Mapping[str, Any]) -> History:
     """The :class:`~fpsim.train.History` of a cell result (its per-step wall times put back)."""
     d = json.loads(json.dumps(result["history"]))
@@ -228,6 +231,7 @@ def _write_result(folder: str, cell: Cell, res: Mapping[str, Any]) -> None:
     atomic_write(_cell_path(folder, cell), lambda f: f.write(data), prefix=_TMP_PREFIX, mode=0o644)
 
 
+@ieee_mode
 def load_results(cells: Sequence[Cell], out: str) -> dict[str, dict[str, Any]]:
     """The stored results of ``cells`` in folder ``out`` (cells without one are left out)."""
     found = {}
@@ -503,6 +507,7 @@ def t_quantile(p: float, nu: int) -> float:
     return 0.5 * (lo + hi)
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class Lesson:
     """A comparison the demo report draws: ``metric`` of policy ``a`` against policy ``b``, seed by seed."""
