@@ -215,3 +215,31 @@ def test_models_take_the_compiled_kernel(model: str) -> None:
     """Guard: every model above runs in a compiled kernel (else the comparisons compare NumPy with itself)."""
     m = G.as_model(model)
     assert (G._c_params(m) if m.kind == "bfma" else G._g_params(m)) is not None
+
+
+@pytest.mark.parametrize("model", ["a100:fp16", "h100:fp8_e4m3", "h100:fp8_e4m3:fp16", "h100:bf16"])
+@pytest.mark.parametrize("kk", [1, 31, 64, 100, 257])
+def test_promotion_and_scales(model: str, kk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(8)
+    m = G.as_model(model)
+    pe = 2 * m.instruction_k
+    A = _special_matrix(rng, (5, kk), model, "subnormal")
+    B = _special_matrix(rng, (kk, 7), model, "max")
+    g = -(-kk // pe)
+    sa = rng.choice([0.5, 2.0, 3.0e-3, 1e30], size=(5, g))
+    sb = rng.choice([0.25, 4.0, 7.0], size=(g, 1))
+    C = rng.standard_normal((5, 7))
+    _check(A, B, C, model, monkeypatch, promote_every=pe)
+    _check(A, B, C, model, monkeypatch, promote_every=pe, scales=(sa, sb))
+    _check(A[None].repeat(2, 0), B[None].repeat(2, 0), C, model, monkeypatch, promote_every=pe)
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("cshape", [(), (7,), (5, 1), (2, 1, 7)])
+def test_broadcast_addends(model: str, cshape: tuple[int, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(9)
+    A = _values(rng, (2, 5, 40), model)
+    B = _values(rng, (40, 7), model)
+    C = rng.standard_normal(cshape).astype(np.float16)
+    _check(A, B, C, model, monkeypatch)
+    _check(A, B[None, ::-1][:, ::-1], C, model, monkeypatch)  # B batched through a negative-stride view
