@@ -173,17 +173,18 @@ def test_huge_k_small_mn(model: str, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("model", MODELS)
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64", "int8", "int64", "uint16"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float8_e4m3fn", "int4", "float32", "float64", "int8",
+                                   "int64", "uint16"])
 def test_input_dtypes(model: str, dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(7)
-    if dtype == "bfloat16":
+    if dtype in ("bfloat16", "float8_e4m3fn", "int4"):
         ml_dtypes = pytest.importorskip("ml_dtypes")
-        dt: Any = ml_dtypes.bfloat16
+        dt: Any = getattr(ml_dtypes, dtype)
     else:
         dt = np.dtype(dtype)
-    if np.dtype(dt).kind in "iu":
-        A = rng.integers(0, 9, size=(5, 24)).astype(dt)
-        B = rng.integers(0, 9, size=(24, 6)).astype(dt)
+    if np.dtype(dt).kind in "iu" or dtype == "int4":
+        A = rng.integers(0, 7, size=(5, 24)).astype(dt)
+        B = rng.integers(0, 7, size=(24, 6)).astype(dt)
     else:
         A = rng.standard_normal((5, 24)).astype(dt)
         B = rng.standard_normal((24, 6)).astype(dt)
@@ -194,6 +195,16 @@ def test_input_dtypes(model: str, dtype: str, monkeypatch: pytest.MonkeyPatch) -
     assert got.dtype == (np.float32 if dtype == "float32" else np.float64)
     mixed = _check(A, np.asarray(B, dtype=np.float32), None, model, monkeypatch)
     np.testing.assert_array_equal(mixed, ref)
+
+
+@pytest.mark.parametrize("model", ["a100:fp16", "wide"])
+def test_large_integers_convert_like_floats(model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Integers exact in float64 are values like any other: 2**60 overflows fp16 to inf on conversion."""
+    A = np.array([[2**60, -(2**40), 3]], dtype=np.int64)
+    B = np.array([[1], [1], [2]], dtype=np.int64)
+    got = _check(A, B, None, model, monkeypatch)
+    np.testing.assert_array_equal(got, _check(A.astype(np.float64), B.astype(np.float64), None, model,
+                                              monkeypatch))
 
 
 @pytest.mark.parametrize("model", ["a100:fp16", "wide"])

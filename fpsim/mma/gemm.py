@@ -478,12 +478,13 @@ def _c_batched(a: np.ndarray, b: np.ndarray, c: np.ndarray, batch: tuple[int, ..
     mm, kk = a.shape[-2:]
     nn = b.shape[-1]
     nbt = int(np.prod(batch, dtype=np.int64))
-    a3 = a.reshape((int(np.prod(a.shape[:-2], dtype=np.int64)), mm, kk))
-    b3 = b.reshape((int(np.prod(b.shape[:-2], dtype=np.int64)), kk, nn))
+    na, nb = int(np.prod(a.shape[:-2], dtype=np.int64)), int(np.prod(b.shape[:-2], dtype=np.int64))
+    a3 = a.reshape(na, mm, kk)
+    b3 = b.reshape(nb, kk, nn)
     c3 = c.reshape(nbt, mm, nn)
     threads = _c_threads(nbt * mm * nn * kk)
     per = max(1, _GATHER_ELEMS // max(1, mm * kk + kk * nn))  # batch entries per call
-    if per >= nbt and a3.shape[0] == nbt and b3.shape[0] == nbt:
+    if per >= nbt and na == nbt and nb == nbt:
         return _c_matmul2d(a3, b3, c3, m, params, promote_every, None, c_owned, threads)
     out = c3 if (c_owned and c3.flags.c_contiguous and c3.dtype == np.float64) else np.empty((nbt, mm, nn))
     for i0 in range(0, nbt, per):
