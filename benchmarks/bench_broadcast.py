@@ -76,7 +76,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--numpy", action="store_true", help="also the NumPy reference path of fpsim.mma (slow)")
     args = ap.parse_args()
-    print(f"{'case':42s} {'model/order':20s} {'path':6s} {'peak/data':>10s} {'s':>7s}")
+    print(f"{'case':42s} {'model/order':20s} {'path':7s} {'peak/data':>10s} {'s':>7s}")
     for name, models, make, nbytes in cases():
         for mod in models:
             paths = [True, False] if args.numpy and not name.startswith("acc") else [True]
@@ -87,7 +87,7 @@ def main() -> None:
                     ratio, sec = peak_ratio(make(mod), nbytes)
                 finally:
                     G.use_c_gemm = old
-                print(f"{name:42s} {mod:20s} {'C' if use_c else 'NumPy':6s} {ratio:10.1f} {sec:7.2f}", flush=True)
+                print(f"{name:42s} {mod:20s} {'default' if use_c else 'NumPy':7s} {ratio:10.1f} {sec:7.2f}", flush=True)
 
 
 if __name__ == "__main__":

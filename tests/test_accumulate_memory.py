@@ -38,7 +38,8 @@ def _peak(fn: Callable[[], Any]) -> int:
         tracemalloc.stop()
 
 
-@pytest.mark.parametrize(("order", "kw"), ORDERS + [("tree", {})], ids=lambda v: str(v))
+@pytest.mark.parametrize(("order", "kw"), ORDERS + [pytest.param("tree", {}, marks=pytest.mark.slow)],
+                         ids=lambda v: str(v))
 def test_matmul_peak_follows_data(order: Any, kw: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(acc, "_DOT_ELEMS", 1 << 14, raising=False)
     rng = np.random.default_rng(21)

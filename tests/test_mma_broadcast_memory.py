@@ -57,14 +57,15 @@ def test_dot_broadcast_peak_follows_data(model: str, use_c: bool, small_chunks: 
     assert peak <= BOUND * data, f"{model}: peak {peak / data:.1f}x the data"
 
 
-@pytest.mark.parametrize("use_c", [True, False], ids=["compiled", "numpy"])
-@pytest.mark.parametrize("model", MATMUL_MODELS)
+@pytest.mark.parametrize(("model", "use_c"),
+                         [(m, True) for m in MATMUL_MODELS]
+                         + [pytest.param(m, False, marks=[pytest.mark.slow] if m.startswith("a100") else [])
+                            for m in NUMPY_MATMUL_MODELS],
+                         ids=lambda v: {True: "compiled", False: "numpy"}.get(v, v) if isinstance(v, bool) else v)
 @pytest.mark.parametrize("shapes", [((16, 1, 4, 512), (1, 16, 512, 4)), ((4, 512), (256, 512, 4))],
                          ids=["both-broadcast", "shared-A"])
 def test_matmul_broadcast_batch_peak_follows_data(model: str, use_c: bool, shapes: tuple[Any, Any],
                                                   small_chunks: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    if not use_c and model not in NUMPY_MATMUL_MODELS:
-        pytest.skip("the same NumPy batch loop as the models tested")
     monkeypatch.setattr(G, "use_c_gemm", use_c and G._cgemm is not None)
     rng = np.random.default_rng(12)
     A = rng.standard_normal(shapes[0])
