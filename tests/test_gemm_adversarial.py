@@ -170,6 +170,11 @@ def test_huge_k_small_mn(model: str, monkeypatch: pytest.MonkeyPatch) -> None:
     _check(A, B, rng.standard_normal((2, 3)), model, monkeypatch)
     c_res, ref = _both(lambda: dot(A, B.T[:2], None, model), monkeypatch)
     assert _same(c_res, ref)
+    # long chains of the largest products (the kernel's int32 partial sums) and of equal terms
+    big = float(G.as_model(model).input.max)
+    A[0], B[:, 0] = big, big
+    A[1], B[:, 1] = 1.0, -1.0
+    _check(A, B, None, model, monkeypatch)
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -254,3 +259,20 @@ def test_broadcast_addends(model: str, cshape: tuple[int, ...], monkeypatch: pyt
     C = rng.standard_normal(cshape).astype(np.float16)
     _check(A, B, C, model, monkeypatch)
     _check(A, B[None, ::-1][:, ::-1], C, model, monkeypatch)  # B batched through a negative-stride view
+
+
+@pytest.mark.parametrize("model", ["a100:fp16", "h100:fp8_e4m3:fp16", "wide", "pairwise"])
+@pytest.mark.parametrize(("mm", "nn"), [(33, 129), (65, 127), (1, 257), (97, 1)])
+def test_tile_edges_and_threads(model: str, mm: int, nn: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shapes off the kernel's 32 x 128 tiles (partial tiles on both edges), several threads forced."""
+    from fpsim import rounding
+
+    monkeypatch.setattr(rounding, "max_threads", 3)
+    monkeypatch.setattr(G, "_C_MIN_PARALLEL", 1)
+    rng = np.random.default_rng(10)
+    A = _special_matrix(rng, (mm, 48), model, "inf-nan")
+    B = _values(rng, (48, nn), model)
+    _check(A, B, rng.standard_normal((mm, nn)), model, monkeypatch)
+    _check(A[None].repeat(2, 0), B[None].repeat(2, 0), None, model, monkeypatch)
+    c_res, ref = _both(lambda: dot(A[:, None, :], B.T[None], None, model), monkeypatch)
+    assert _same(c_res, ref)
