@@ -140,3 +140,42 @@ def test_dot_broadcast_report_case() -> None:
     data = a.nbytes + b.nbytes + 1000 * 100 * 8
     peak = _peak(lambda: dot(a, b, None, "a100:fp16"))
     assert peak <= BOUND * data, f"peak {peak / data:.1f}x the data"
+
+
+@pytest.mark.parametrize("model", ["a100:fp16", "h100:fp8_e4m3:fp16", "wide", "exact", "mi300:fp16"])
+@pytest.mark.parametrize("use_c", [True, False], ids=["compiled", "numpy"])
+def test_broadcast_views_keep_bits(model: str, use_c: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Operands passed as broadcast views (stride-0 leading axes) give the bits of their copies."""
+    monkeypatch.setattr(G, "use_c_gemm", use_c and G._cgemm is not None)
+    rng = np.random.default_rng(17)
+    x = rng.standard_normal((1, 3, 40)).astype(np.float16)
+    y = rng.standard_normal((5, 1, 40))
+    av, bv = np.broadcast_to(x, (5, 3, 40)), np.broadcast_to(y, (5, 3, 40))
+    np.testing.assert_array_equal(dot(av, bv, None, model), dot(np.array(av), np.array(bv), None, model))
+    A = rng.standard_normal((4, 40))
+    B = rng.standard_normal((3, 40, 6))
+    for Av, Bv in [(np.broadcast_to(A, (3, 4, 40)), B),
+                   (np.broadcast_to(A, (2, 3, 4, 40)), np.broadcast_to(B[0], (2, 3, 40, 6))),
+                   (np.broadcast_to(A, (7, 4, 40)), B[0]),  # one shared B
+                   (A[None], np.broadcast_to(B[:1], (3, 40, 6)))]:
+        got = matmul(Av, Bv, model=model)
+        ref = matmul(np.array(Av), np.array(Bv), model=model)
+        assert got.shape == ref.shape
+        np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("model", ["a100:fp16", "wide"])
+def test_broadcast_views_are_not_materialised(model: str, small_chunks: None) -> None:
+    """A (200, 20, 128) broadcast view of 20 rows costs memory for 20 rows, not 4000."""
+    rng = np.random.default_rng(18)
+    x = rng.standard_normal((1, 20, 128))
+    a = np.broadcast_to(x, (200, 20, 128))
+    b = rng.standard_normal((200, 1, 128))
+    data_dot = x.nbytes + b.nbytes + 200 * 20 * 8
+    peak_dot = _peak(lambda: dot(a, b, None, model))
+    A = np.broadcast_to(rng.standard_normal((8, 512)), (512, 8, 512))
+    B = rng.standard_normal((512, 512, 1))
+    data = A[0].nbytes + B.nbytes + 512 * 8 * 8
+    peak = _peak(lambda: matmul(A, B, model=model))
+    assert peak <= BOUND * data, f"matmul: peak {peak / data:.1f}x the data"
+    assert peak_dot <= BOUND * data_dot, f"dot: peak {peak_dot / data_dot:.1f}x the data"

@@ -112,6 +112,20 @@ def _convert_c_fmt(c: Any, fmt: Format, shape: tuple[int, ...]) -> np.ndarray:
         raise ValueError(f"c of shape {arr.shape} does not broadcast to the output shape {shape}") from None
 
 
+def _compact_lead(x: Any, keep: int) -> tuple[Any, tuple[int, ...] | None]:
+    """A broadcast view's repeated leading axes (stride 0, e.g. from ``np.broadcast_to``) cut to length 1.
+
+    The last `keep` axes are left alone. Returns ``(view, x.shape)`` when some axis was cut (dot and matmul
+    broadcast it again by shape, so the repeated entries are neither converted nor copied), else ``(x, None)``.
+    """
+    if not isinstance(x, np.ndarray) or x.ndim <= keep:
+        return x, None
+    cut = [i for i in range(x.ndim - keep) if x.strides[i] == 0 and x.shape[i] > 1]
+    if not cut:
+        return x, None
+    return x[tuple(slice(0, 1) if i in cut else slice(None) for i in range(x.ndim))], x.shape
+
+
 def _pad_k(x: np.ndarray, e: np.ndarray, mult: int) -> tuple[np.ndarray, np.ndarray]:
     """Zero-pad axis 0 to a multiple of `mult` (exponents with NO_EXP)."""
     k = x.shape[0]
@@ -199,8 +213,10 @@ def dot(a: Any, b: Any, c: Any = None, model: MMAModel | str | None = None, *,
     if isinstance(a, ScaledTensor) or isinstance(b, ScaledTensor):
         raise TypeError("dot takes plain arrays; multiply ScaledTensor operands with fpsim.matmul, or pass "
                         "t.data (and apply t.scale yourself)")
-    a_arr = _as_float_array(a, "a")[0]
-    b_arr = _as_float_array(b, "b")[0]
+    a_in, a_full = _compact_lead(a, 1)
+    b_in, b_full = _compact_lead(b, 1)
+    a_arr = _as_float_array(a_in, "a")[0]
+    b_arr = _as_float_array(b_in, "b")[0]
     a32, b32 = a_arr.dtype == np.float32, b_arr.dtype == np.float32
     if a_arr.ndim == 0 or b_arr.ndim == 0:
         raise ValueError("a and b need at least one axis (K)")
@@ -208,10 +224,11 @@ def dot(a: Any, b: Any, c: Any = None, model: MMAModel | str | None = None, *,
         raise ValueError(f"a and b disagree on K: {a_arr.shape[-1]} vs {b_arr.shape[-1]}")
     av = convert_inputs(a_arr, m.input, input_rounding, "a")
     bv = convert_inputs(b_arr, m.b_format, input_rounding, "b")
+    a_shape, b_shape = a_full or av.shape, b_full or bv.shape
     try:
-        shape = np.broadcast_shapes(av.shape[:-1], bv.shape[:-1])
+        shape = np.broadcast_shapes(a_shape[:-1], b_shape[:-1])
     except ValueError:
-        raise ValueError(f"a of shape {av.shape} and b of shape {bv.shape} do not broadcast against each "
+        raise ValueError(f"a of shape {a_shape} and b of shape {b_shape} do not broadcast against each "
                          "other (their axes before K)") from None
     k = av.shape[-1]
     cv = _convert_c_fmt(c, m.output, shape)
@@ -378,8 +395,10 @@ def matmul(A: Any, B: Any, C: Any = None, *, model: MMAModel | BlockScaledModel 
     m = as_model(model)
     if isinstance(A, ScaledTensor) or isinstance(B, ScaledTensor):
         return _matmul_scaled(A, B, C, m, promote_every, scales, input_rounding)
-    a_arr = _as_float_array(A, "A")[0]
-    b_arr = _as_float_array(B, "B")[0]
+    a_in, a_full = _compact_lead(A, 2)  # repeated batch entries of broadcast views: converted once
+    b_in, b_full = _compact_lead(B, 2)
+    a_arr = _as_float_array(a_in, "A")[0]
+    b_arr = _as_float_array(b_in, "B")[0]
     a32, b32 = a_arr.dtype == np.float32, b_arr.dtype == np.float32
     if a_arr.ndim < 1 or b_arr.ndim < 1:
         raise ValueError("A and B need at least one axis")
@@ -402,12 +421,12 @@ def matmul(A: Any, B: Any, C: Any = None, *, model: MMAModel | BlockScaledModel 
         raise ValueError("scales are applied at promotion: give promote_every too (DeepSeek-V3: 128)")
     av = convert_inputs(a_arr, m.input, input_rounding, "A")
     bv = convert_inputs(b_arr, m.b_format, input_rounding, "B")
-    batch = np.broadcast_shapes(av.shape[:-2], bv.shape[:-2])
+    batch = np.broadcast_shapes((a_full or av.shape)[:-2], (b_full or bv.shape)[:-2])
     mm, kk, nn = av.shape[-2], av.shape[-1], bv.shape[-1]
     out_shape = batch + (mm, nn)
     # C joins the fp32 accumulator when promoting, else the matrix unit's first block.
     cv = _convert_c_fmt(C, fp32 if promote_every is not None else m.output, out_shape)
-    if batch and bv.ndim == 2 and scales is None:
+    if batch and bv.ndim == 2 and scales is None and av.shape[:-2] == batch:
         # One shared B: stack A's batch into rows, one large GEMM (same per-output chains, fewer calls).
         rows = int(np.prod(av.shape[:-1], dtype=np.int64))  # explicit: -1 is ambiguous when K or N is 0
         flat = _matmul2d(av.reshape(rows, kk), bv, cv.reshape(rows, nn), m, promote_every, None, C is None)
