@@ -51,6 +51,9 @@ def cases() -> list[tuple[str, list[str], Callable[[str], Callable[[], Any]], in
     A2 = rng.standard_normal((8, 1024))  # one shared A against a batch of B
     B2 = rng.standard_normal((1024, 1024, 8))
     shared_bytes = A2.nbytes + B2.nbytes + 1024 * 8 * 8 * 8
+    av = np.broadcast_to(rng.standard_normal((1, 100, 512)), (300, 100, 512))  # a broadcast view
+    bw = rng.standard_normal((300, 1, 512))
+    view_bytes = 100 * 512 * 8 + bw.nbytes + 300 * 100 * 8
     x = rng.standard_normal((300, 400))
     y = rng.standard_normal((400, 200))
     acc_bytes = x.nbytes + y.nbytes + 300 * 200 * 8
@@ -60,6 +63,8 @@ def cases() -> list[tuple[str, list[str], Callable[[str], Callable[[], Any]], in
          mat_bytes),
         ("matmul (8,1024) x (1024,1024,8)", MATMUL_MODELS, lambda mod: lambda: matmul(A2, B2, model=mod),
          shared_bytes),
+        ("dot view (300,100,512)<-(1,100,512) x (300,1,512)", ["a100:fp16", "wide"],
+         lambda mod: lambda: dot(av, bw, None, mod), view_bytes),
         ("accumulate.matmul (300,400) x (400,200)", ACC_ORDERS,
          lambda order: lambda: acc.matmul(x, y, "bf16", order=order), acc_bytes),
     ]
@@ -75,9 +80,12 @@ ACC_ORDERS = ["exact", "pairwise", "blocked"]
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--numpy", action="store_true", help="also the NumPy reference path of fpsim.mma (slow)")
+    ap.add_argument("--only", default="", help="run the cases whose name contains this text")
     args = ap.parse_args()
-    print(f"{'case':42s} {'model/order':20s} {'path':7s} {'peak/data':>10s} {'s':>7s}")
+    print(f"{'case':50s} {'model/order':20s} {'path':7s} {'peak/data':>10s} {'s':>7s}")
     for name, models, make, nbytes in cases():
+        if args.only not in name:
+            continue
         for mod in models:
             paths = [True, False] if args.numpy and not name.startswith("acc") else [True]
             for use_c in paths:
@@ -87,7 +95,7 @@ def main() -> None:
                     ratio, sec = peak_ratio(make(mod), nbytes)
                 finally:
                     G.use_c_gemm = old
-                print(f"{name:42s} {mod:20s} {'default' if use_c else 'NumPy':7s} {ratio:10.1f} {sec:7.2f}", flush=True)
+                print(f"{name:50s} {mod:20s} {'default' if use_c else 'NumPy':7s} {ratio:10.1f} {sec:7.2f}", flush=True)
 
 
 if __name__ == "__main__":
