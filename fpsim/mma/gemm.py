@@ -459,8 +459,9 @@ def _matmul_values(a: np.ndarray, b: np.ndarray, c: np.ndarray | None, m: MMAMod
 
     The caller guarantees what :func:`matmul` checks and converts: `a` (..., M, K) and `b` (..., K, N) are
     float32 arrays of values of ``m.input`` (already rounded; no :func:`convert_inputs`), `c` None or float32
-    values of ``m.output``, broadcastable to the output. A batch runs in one call of the compiled kernel (a
-    shared 2-D `b`: A's batch stacked into rows). Same bits as ``matmul(a, b, c, model=m)`` (float32);
+    values of ``m.output``, broadcastable to the output. A batch runs in one call of the compiled kernel with a
+    shared 2-D `b` (A's batch stacked into rows), else in chunks of batch entries gathered from the unbroadcast
+    operands (:func:`_c_batched`). Same bits as ``matmul(a, b, c, model=m)`` (float32);
     tests/test_cgemm.py checks it on every NVIDIA preset family the policies use. Anything the kernel does not
     take (no compiled GEMM, other kinds, empty shapes, 1-D operands) goes through :func:`matmul` itself.
     """
