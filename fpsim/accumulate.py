@@ -53,6 +53,9 @@ __all__ = ["ORDERS", "SumTree", "dot", "matmul", "sum"]
 
 ORDERS = ("sequential", "pairwise", "blocked", "kahan", "exact")
 _DEFAULT_BLOCK = 32
+# Products (K x outputs) that the whole-array orders of dot/matmul (exact, pairwise, blocked, trees) hold at once:
+# larger dots run a chunk of outputs at a time, so an (M, N, K) product tensor is never built whole.
+_DOT_ELEMS = 1 << 18
 
 
 def _check_order(order: str | SumTree | tuple[Any, ...]) -> str | SumTree:
@@ -603,6 +606,27 @@ def matmul(
     return _result(np.asarray(r), False, None)
 
 
+def _gather_outputs(v: np.ndarray, shape: tuple[int, ...], c0: int, c1: int) -> np.ndarray:
+    """Terms of outputs ``c0:c1`` (C order over `shape`) of an operand (k, *s) broadcasting to (k, *shape), as
+    (k, c1 - c0): a view where no gathering is needed, else a copy of those columns only."""
+    k = v.shape[0]
+    vs = v.shape[1:]
+    flat = v.reshape(k, -1)
+    if vs == shape:
+        return flat[:, c0:c1]
+    if flat.shape[1] == 1:
+        return np.broadcast_to(flat, (k, c1 - c0))
+    multi = np.unravel_index(np.arange(c0, c1), shape)
+    idx = np.zeros(c1 - c0, dtype=np.intp)
+    stride = 1
+    for d in range(len(shape) - 1, -1, -1):
+        if vs[d] != 1:  # a broadcast axis (size 1 in the operand) indexes its one entry
+            idx += multi[d] * stride
+        stride *= vs[d]
+    res: np.ndarray = flat[:, idx]
+    return res
+
+
 def _dot_core(xr: np.ndarray, yr: np.ndarray, order: str | SumTree, blk: int, out: Context, acc: Context,
               fused: bool) -> np.ndarray:
     """Dot over axis 0 of operands in the element format, shapes (k, *sx) and (k, *sy), the other axes
@@ -616,6 +640,20 @@ def _dot_core(xr: np.ndarray, yr: np.ndarray, order: str | SumTree, blk: int, ou
     nd = 1 + len(shape)  # align ranks (new axes after the reduced one) so that term i broadcasts
     xr = xr.reshape((k,) + (1,) * (nd - xr.ndim) + xr.shape[1:])
     yr = yr.reshape((k,) + (1,) * (nd - yr.ndim) + yr.shape[1:])
+    size = int(np.prod(shape, dtype=np.int64))
+    whole = isinstance(order, SumTree) or order in ("exact", "pairwise", "blocked")
+    # Outputs are independent in every order, so chunks give the same bits, except that stochastic
+    # rounding would draw its random bits in another order: it keeps the one pass.
+    # The exact sum holds about 16 int64 temporaries per product: a smaller chunk.
+    per = _DOT_ELEMS // 16 if order == "exact" or isinstance(order, SumTree) else _DOT_ELEMS
+    step = max(1, per // k)  # outputs per chunk (at least one: a chunk never chunks again)
+    if whole and size > step and Rounding.SR not in (out.mode, acc.mode):
+        res = np.empty(size)
+        for c0 in range(0, size, step):
+            c1 = min(size, c0 + step)
+            res[c0:c1] = _dot_core(_gather_outputs(xr, shape, c0, c1), _gather_outputs(yr, shape, c0, c1),
+                                   order, blk, out, acc, fused)
+        return res.reshape(shape)
 
     def row(v: np.ndarray, i: int, lead: tuple[int, ...] = ()) -> np.ndarray:  # term i, broadcast, flat
         return np.ascontiguousarray(np.broadcast_to(v[i], lead + shape)).reshape(lead + (-1,))

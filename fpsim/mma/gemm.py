@@ -69,6 +69,9 @@ _INPUT_ROUNDINGS = ("rne", "rtz", "exact")
 # Elements of one (k, Mt, Nt) product block (BFMA) or one (K, Mt, Nt) product array (generic models).
 _BLOCK_ELEMS = 1 << 18
 _GENERIC_ELEMS = 1 << 20
+# Elements of each operand gathered at once from broadcast operands (rows of dot, batch entries of matmul):
+# memory follows the data, never the broadcast product.
+_GATHER_ELEMS = 1 << 19
 
 
 @ieee_mode
@@ -107,6 +110,20 @@ def _convert_c_fmt(c: Any, fmt: Format, shape: tuple[int, ...]) -> np.ndarray:
         return np.ascontiguousarray(np.broadcast_to(arr, shape), dtype=np.float64)
     except ValueError:
         raise ValueError(f"c of shape {arr.shape} does not broadcast to the output shape {shape}") from None
+
+
+def _compact_lead(x: Any, keep: int) -> tuple[Any, tuple[int, ...] | None]:
+    """A broadcast view's repeated leading axes (stride 0, e.g. from ``np.broadcast_to``) cut to length 1.
+
+    The last `keep` axes are left alone. Returns ``(view, x.shape)`` when some axis was cut (dot and matmul
+    broadcast it again by shape, so the repeated entries are neither converted nor copied), else ``(x, None)``.
+    """
+    if not isinstance(x, np.ndarray) or x.ndim <= keep:
+        return x, None
+    cut = [i for i in range(x.ndim - keep) if x.strides[i] == 0 and x.shape[i] > 1]
+    if not cut:
+        return x, None
+    return x[tuple(slice(0, 1) if i in cut else slice(None) for i in range(x.ndim))], x.shape
 
 
 def _pad_k(x: np.ndarray, e: np.ndarray, mult: int) -> tuple[np.ndarray, np.ndarray]:
@@ -196,8 +213,10 @@ def dot(a: Any, b: Any, c: Any = None, model: MMAModel | str | None = None, *,
     if isinstance(a, ScaledTensor) or isinstance(b, ScaledTensor):
         raise TypeError("dot takes plain arrays; multiply ScaledTensor operands with fpsim.matmul, or pass "
                         "t.data (and apply t.scale yourself)")
-    a_arr = _as_float_array(a, "a")[0]
-    b_arr = _as_float_array(b, "b")[0]
+    a_in, a_full = _compact_lead(a, 1)
+    b_in, b_full = _compact_lead(b, 1)
+    a_arr = _as_float_array(a_in, "a")[0]
+    b_arr = _as_float_array(b_in, "b")[0]
     a32, b32 = a_arr.dtype == np.float32, b_arr.dtype == np.float32
     if a_arr.ndim == 0 or b_arr.ndim == 0:
         raise ValueError("a and b need at least one axis (K)")
@@ -205,44 +224,82 @@ def dot(a: Any, b: Any, c: Any = None, model: MMAModel | str | None = None, *,
         raise ValueError(f"a and b disagree on K: {a_arr.shape[-1]} vs {b_arr.shape[-1]}")
     av = convert_inputs(a_arr, m.input, input_rounding, "a")
     bv = convert_inputs(b_arr, m.b_format, input_rounding, "b")
-    av, bv = np.broadcast_arrays(av, bv)
-    shape = av.shape[:-1]
+    a_shape, b_shape = a_full or av.shape, b_full or bv.shape
+    try:
+        shape = np.broadcast_shapes(a_shape[:-1], b_shape[:-1])
+    except ValueError:
+        raise ValueError(f"a of shape {a_shape} and b of shape {b_shape} do not broadcast against each "
+                         "other (their axes before K)") from None
     k = av.shape[-1]
     cv = _convert_c_fmt(c, m.output, shape)
     r = int(np.prod(shape, dtype=np.int64))
-    at = np.ascontiguousarray(av.reshape(r, k).T)  # (K, R)
-    bt = np.ascontiguousarray(bv.reshape(r, k).T)
-    cflat = cv.reshape(r)
-    params = _c_params(m) if use_c_gemm and _cgemm is not None and k and r else None
-    if params is not None:
-        res = _c_dot(at, bt, cflat, m, params).reshape(shape)
-        if a32 and b32:
-            res = res.astype(np.float32)
-        return res[()] if res.ndim == 0 else res
-    has_specials = not (np.isfinite(at).all() and np.isfinite(bt).all() and np.isfinite(cv).all())
-    lsb_top = _lsb_top(at, bt, m)
-    xa, ea = _prepare(at, m)
-    xb, eb = _prepare(bt, m)
-    if m.kind == "bfma":
-        xa, ea = _pad_k(xa, ea, m.instruction_k)
-        xb, eb = _pad_k(xb, eb, m.instruction_k)
-    cflat = cv.reshape(r)
-    if k == 0:
+    if k == 0 or r == 0:
         # The empty sum is +0 (as in matmul): D = C + 0 for every model.
         res0 = cv.reshape(shape) + 0.0
         if a32 and b32:
             res0 = res0.astype(np.float32)
         return res0[()] if res0.ndim == 0 else res0
+    # The operands stay as they are (one row per entry of their own leading shape): the broadcast rows are
+    # gathered a chunk at a time, so memory follows the data, not the broadcast product.
+    a2 = av.reshape(int(np.prod(av.shape[:-1], dtype=np.int64)), k)
+    b2 = bv.reshape(int(np.prod(bv.shape[:-1], dtype=np.int64)), k)
+    cflat = cv.reshape(r)
     out = np.empty(r)
-    per = _BLOCK_ELEMS if m.kind == "bfma" else _GENERIC_ELEMS
-    step = max(1, per // max(1, m.instruction_k if m.kind == "bfma" else k))
-    for r0 in range(0, r, step):
-        sl = slice(r0, min(r, r0 + step))
-        out[sl] = _run_terms(xa[:, sl], xb[:, sl], ea[:, sl], eb[:, sl], cflat[sl], m, has_specials, lsb_top)
+    rc = max(1, _GATHER_ELEMS // k)  # rows per gathered chunk
+    params = _c_params(m) if use_c_gemm and _cgemm is not None else None
+    if params is not None:
+        threads = _c_threads(r * k)
+        for r0 in range(0, r, rc):
+            r1 = min(r, r0 + rc)
+            at = np.ascontiguousarray(_bcast_rows(a2, av.shape[:-1], shape, r0, r1).T)  # (K, rows)
+            bt = np.ascontiguousarray(_bcast_rows(b2, bv.shape[:-1], shape, r0, r1).T)
+            out[r0:r1] = _c_dot(at, bt, cflat[r0:r1], m, params, threads)
+    else:
+        # Every broadcast row is a row of a2 / b2 (r > 0): checks over the operands hold for the rows.
+        has_specials = not (np.isfinite(a2).all() and np.isfinite(b2).all() and np.isfinite(cv).all())
+        lsb_top = _lsb_top(a2, b2, m)
+        per = _BLOCK_ELEMS if m.kind == "bfma" else _GENERIC_ELEMS
+        step = max(1, per // max(1, m.instruction_k if m.kind == "bfma" else k))
+        for g0 in range(0, r, rc):
+            g1 = min(r, g0 + rc)
+            xa, ea = _prepare(np.ascontiguousarray(_bcast_rows(a2, av.shape[:-1], shape, g0, g1).T), m)
+            xb, eb = _prepare(np.ascontiguousarray(_bcast_rows(b2, bv.shape[:-1], shape, g0, g1).T), m)
+            if m.kind == "bfma":
+                xa, ea = _pad_k(xa, ea, m.instruction_k)
+                xb, eb = _pad_k(xb, eb, m.instruction_k)
+            for r0 in range(0, g1 - g0, step):
+                sl = slice(r0, min(g1 - g0, r0 + step))
+                out[g0 + sl.start:g0 + sl.stop] = _run_terms(xa[:, sl], xb[:, sl], ea[:, sl], eb[:, sl],
+                                                             cflat[g0 + sl.start:g0 + sl.stop], m, has_specials,
+                                                             lsb_top)
     res = out.reshape(shape)
     if a32 and b32:
         res = res.astype(np.float32)
     return res[()] if res.ndim == 0 else res
+
+
+def _bcast_rows(flat: np.ndarray, lead: tuple[int, ...], full: tuple[int, ...], i0: int, i1: int) -> np.ndarray:
+    """Entries ``i0:i1`` (C order over `full`) of an operand broadcast over its leading axes, gathered.
+
+    `flat` holds the operand with its leading axes (shape `lead`) flattened into axis 0; `full` is the
+    broadcast leading shape. The result equals ``np.broadcast_to(x, full + tail).reshape(-1, *tail)[i0:i1]``
+    without materialising the broadcast: a view when no gathering is needed (a slice of `flat`, or its one
+    entry repeated), else a copy of ``i1 - i0`` entries.
+    """
+    pad = (1,) * (len(full) - len(lead)) + tuple(lead)
+    if pad == tuple(full):
+        return flat[i0:i1]
+    if flat.shape[0] == 1:
+        return np.broadcast_to(flat[0], (i1 - i0,) + flat.shape[1:])
+    multi = np.unravel_index(np.arange(i0, i1), full)
+    idx = np.zeros(i1 - i0, dtype=np.intp)
+    stride = 1
+    for d in range(len(full) - 1, -1, -1):
+        if pad[d] != 1:  # broadcast axes (size 1 in the operand) index its one entry
+            idx += multi[d] * stride
+        stride *= pad[d]
+    res: np.ndarray = flat[idx]
+    return res
 
 
 def _expand_scales(scales: Any, m_: int, n_: int, groups: int) -> tuple[np.ndarray, np.ndarray]:
@@ -338,8 +395,10 @@ def matmul(A: Any, B: Any, C: Any = None, *, model: MMAModel | BlockScaledModel 
     m = as_model(model)
     if isinstance(A, ScaledTensor) or isinstance(B, ScaledTensor):
         return _matmul_scaled(A, B, C, m, promote_every, scales, input_rounding)
-    a_arr = _as_float_array(A, "A")[0]
-    b_arr = _as_float_array(B, "B")[0]
+    a_in, a_full = _compact_lead(A, 2)  # repeated batch entries of broadcast views: converted once
+    b_in, b_full = _compact_lead(B, 2)
+    a_arr = _as_float_array(a_in, "A")[0]
+    b_arr = _as_float_array(b_in, "B")[0]
     a32, b32 = a_arr.dtype == np.float32, b_arr.dtype == np.float32
     if a_arr.ndim < 1 or b_arr.ndim < 1:
         raise ValueError("A and B need at least one axis")
@@ -362,25 +421,24 @@ def matmul(A: Any, B: Any, C: Any = None, *, model: MMAModel | BlockScaledModel 
         raise ValueError("scales are applied at promotion: give promote_every too (DeepSeek-V3: 128)")
     av = convert_inputs(a_arr, m.input, input_rounding, "A")
     bv = convert_inputs(b_arr, m.b_format, input_rounding, "B")
-    batch = np.broadcast_shapes(av.shape[:-2], bv.shape[:-2])
+    batch = np.broadcast_shapes((a_full or av.shape)[:-2], (b_full or bv.shape)[:-2])
     mm, kk, nn = av.shape[-2], av.shape[-1], bv.shape[-1]
     out_shape = batch + (mm, nn)
     # C joins the fp32 accumulator when promoting, else the matrix unit's first block.
     cv = _convert_c_fmt(C, fp32 if promote_every is not None else m.output, out_shape)
-    if batch and bv.ndim == 2 and scales is None:
+    if batch and bv.ndim == 2 and scales is None and av.shape[:-2] == batch:
         # One shared B: stack A's batch into rows, one large GEMM (same per-output chains, fewer calls).
         rows = int(np.prod(av.shape[:-1], dtype=np.int64))  # explicit: -1 is ambiguous when K or N is 0
         flat = _matmul2d(av.reshape(rows, kk), bv, cv.reshape(rows, nn), m, promote_every, None, C is None)
         res = flat.reshape(out_shape)
     else:
-        av_b = np.broadcast_to(av, batch + (mm, kk))
+        av_b = np.broadcast_to(av, batch + (mm, kk))  # views: entries are taken one at a time below
         bv_b = np.broadcast_to(bv, batch + (kk, nn))
         params = _c_params(m) if use_c_gemm and _cgemm is not None else None
         if batch and params is not None and scales is None and mm and nn and kk:
-            # a batch of GEMMs with their own B: one call of the compiled kernel for all of them
-            nbt = int(np.prod(batch, dtype=np.int64))
-            res = _c_matmul2d(av_b.reshape(nbt, mm, kk), bv_b.reshape(nbt, kk, nn), cv.reshape(nbt, mm, nn),
-                              m, params, promote_every, None, C is None).reshape(out_shape)
+            # a batch of GEMMs with their own B: few calls of the compiled kernel, each on a bounded chunk
+            # of batch entries gathered from the (unbroadcast) operands
+            res = _c_batched(av, bv, cv, batch, m, params, promote_every, C is None).reshape(out_shape)
         elif not batch:
             res = _matmul2d(av, bv, cv, m, promote_every, scales, C is None)
         else:
@@ -401,8 +459,9 @@ def _matmul_values(a: np.ndarray, b: np.ndarray, c: np.ndarray | None, m: MMAMod
 
     The caller guarantees what :func:`matmul` checks and converts: `a` (..., M, K) and `b` (..., K, N) are
     float32 arrays of values of ``m.input`` (already rounded; no :func:`convert_inputs`), `c` None or float32
-    values of ``m.output``, broadcastable to the output. A batch runs in one call of the compiled kernel (a
-    shared 2-D `b`: A's batch stacked into rows). Same bits as ``matmul(a, b, c, model=m)`` (float32);
+    values of ``m.output``, broadcastable to the output. A batch runs in one call of the compiled kernel with a
+    shared 2-D `b` (A's batch stacked into rows), else in chunks of batch entries gathered from the unbroadcast
+    operands (:func:`_c_batched`). Same bits as ``matmul(a, b, c, model=m)`` (float32);
     tests/test_cgemm.py checks it on every NVIDIA preset family the policies use. Anything the kernel does not
     take (no compiled GEMM, other kinds, empty shapes, 1-D operands) goes through :func:`matmul` itself.
     """
@@ -414,23 +473,46 @@ def _matmul_values(a: np.ndarray, b: np.ndarray, c: np.ndarray | None, m: MMAMod
         return np.asarray(matmul(a, b, c, model=m), dtype=np.float32)
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     out_shape = batch + (mm, nn)
-    if b.ndim == 2:  # one shared B (also the plain 2-D GEMM): A's batch stacked into rows
-        a3 = a.reshape(1, -1, kk)
-        b3 = b[None]
-    else:
-        nbt = int(np.prod(batch, dtype=np.int64))
-        a3 = np.broadcast_to(a, batch + (mm, kk)).reshape(nbt, mm, kk)
-        b3 = np.broadcast_to(b, batch + (kk, nn)).reshape(nbt, kk, nn)
-    d_shape = (a3.shape[0], a3.shape[1], nn)
     d: np.ndarray
     if c is None:
-        d = np.zeros(d_shape)
+        d = np.zeros(out_shape)
     else:
-        full = np.empty(out_shape)
-        full[...] = c  # float32 values of the output format: exact in float64
-        d = full.reshape(d_shape)
-    res = _c_matmul2d(a3, b3, d, m, params, None, None, True)
+        d = np.empty(out_shape)
+        d[...] = c  # float32 values of the output format: exact in float64
+    if b.ndim == 2:  # one shared B (also the plain 2-D GEMM): A's batch stacked into rows
+        res = _c_matmul2d(a.reshape(1, -1, kk), b[None], d.reshape(1, -1, nn), m, params, None, None, True)
+    else:  # a chunk of batch entries per call, gathered from the unbroadcast operands
+        res = _c_batched(a, b, d, batch, m, params, None, True)
     return res.astype(np.float32).reshape(out_shape)
+
+
+def _c_batched(a: np.ndarray, b: np.ndarray, c: np.ndarray, batch: tuple[int, ...], m: MMAModel,
+               params: tuple[int, ...], promote_every: int | None, c_owned: bool) -> np.ndarray:
+    """The batched GEMM ``c + a @ b`` over the broadcast `batch` in the compiled kernel, returned (nbt, M, N).
+
+    `a` (..., M, K) and `b` (..., K, N) are not broadcast: chunks of batch entries are gathered from them
+    (at most about :data:`_GATHER_ELEMS` elements of each per call), so memory follows the data, never the
+    broadcast product. `c` has the output shape (batch + (M, N)); ``c_owned``: a scratch array of the
+    caller's, chained in place. Every output is one chain: the chunking does not change the bits.
+    """
+    mm, kk = a.shape[-2:]
+    nn = b.shape[-1]
+    nbt = int(np.prod(batch, dtype=np.int64))
+    na, nb = int(np.prod(a.shape[:-2], dtype=np.int64)), int(np.prod(b.shape[:-2], dtype=np.int64))
+    a3 = a.reshape(na, mm, kk)
+    b3 = b.reshape(nb, kk, nn)
+    c3 = c.reshape(nbt, mm, nn)
+    threads = _c_threads(nbt * mm * nn * kk)
+    per = max(1, _GATHER_ELEMS // max(1, mm * kk + kk * nn))  # batch entries per call
+    if per >= nbt and na == nbt and nb == nbt:
+        return _c_matmul2d(a3, b3, c3, m, params, promote_every, None, c_owned, threads)
+    out = c3 if (c_owned and c3.flags.c_contiguous and c3.dtype == np.float64) else np.empty((nbt, mm, nn))
+    for i0 in range(0, nbt, per):
+        i1 = min(nbt, i0 + per)
+        out[i0:i1] = _c_matmul2d(_bcast_rows(a3, a.shape[:-2], batch, i0, i1),
+                                 _bcast_rows(b3, b.shape[:-2], batch, i0, i1),
+                                 c3[i0:i1], m, params, promote_every, None, c_owned, threads)
+    return out
 
 
 def _k_factors(t: ScaledTensor, g: int, k_axis: int) -> np.ndarray:
@@ -582,8 +664,11 @@ def _mod4_order(kp: int, ki: int) -> np.ndarray:
     return res
 
 
-def _c_dot(at: np.ndarray, bt: np.ndarray, c: np.ndarray, m: MMAModel, params: tuple[int, ...]) -> np.ndarray:
-    """The rows of :func:`dot` (``at``, ``bt``: (K, R) values, ``c``: (R,)) in the compiled kernel's dot mode."""
+def _c_dot(at: np.ndarray, bt: np.ndarray, c: np.ndarray, m: MMAModel, params: tuple[int, ...],
+           threads: int | None = None) -> np.ndarray:
+    """The rows of :func:`dot` (``at``, ``bt``: (K, R) values, ``c``: (R,)) in the compiled kernel's dot mode.
+
+    ``threads``: the caller's thread count for the whole dot (it runs in chunks); default from this call."""
     assert _cgemm is not None
     kk, r = at.shape
     ki = m.instruction_k
@@ -600,7 +685,8 @@ def _c_dot(at: np.ndarray, bt: np.ndarray, c: np.ndarray, m: MMAModel, params: t
         ap = np.ascontiguousarray(ap[perm])
         bp = np.ascontiguousarray(bp[perm])
     d = np.array(c, dtype=np.float64, order="C", copy=True)
-    _cgemm.bfma_gemm(ap, bp, d, 1, r, kp, 0, kp, params, _c_threads(r * kk), 1, min(max(r, 1), 128), 1, 1)
+    nth = _c_threads(r * kk) if threads is None else threads
+    _cgemm.bfma_gemm(ap, bp, d, 1, r, kp, 0, kp, params, nth, 1, min(max(r, 1), 128), 1, 1)
     return d
 
 
@@ -634,15 +720,18 @@ def _c_threads(macs: int) -> int:
 
 
 def _c_matmul2d(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: MMAModel, params: tuple[int, ...],
-                promote_every: int | None, scales: Any, c_owned: bool = False) -> np.ndarray:
+                promote_every: int | None, scales: Any, c_owned: bool = False,
+                threads: int | None = None) -> np.ndarray:
     """The BFMA chains of :func:`_matmul2d` in the compiled kernel (same bits); promotion and scales as there.
 
     ``a``, ``b``, ``c`` are (M, K), (K, N), (M, N), or (nb, M, K), (nb, K, N), (nb, M, N) for a batch of
     independent GEMMs in one call (then without scales). ``c_owned``: `c` is a scratch array of the caller's
-    (never a user's), which may then be chained in place."""
+    (never a user's), which may then be chained in place. ``threads``: the caller's count (for a GEMM run in
+    chunks); default from this call's size."""
     assert _cgemm is not None
     if a.ndim == 2:
-        one: np.ndarray = _c_matmul2d(a[None], b[None], c[None], m, params, promote_every, scales, c_owned)[0]
+        one: np.ndarray = _c_matmul2d(a[None], b[None], c[None], m, params, promote_every, scales, c_owned,
+                                      threads)[0]
         return one
     nbt, mm, kk = a.shape
     nn = b.shape[2]
@@ -663,7 +752,8 @@ def _c_matmul2d(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: MMAModel, params
         perm = _mod4_order(kp, ki)
         ap = np.ascontiguousarray(ap[:, :, perm])
         bp = np.ascontiguousarray(bp[:, perm])
-    threads = _c_threads(nbt * mm * nn * kk)
+    if threads is None:
+        threads = _c_threads(nbt * mm * nn * kk)
     nt = min(nn, 128)
     mt = max(1, min(mm, 32, -(-mm // max(1, threads))))
 
