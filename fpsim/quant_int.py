@@ -262,6 +262,7 @@ def _int_operands(qx: Any, qw: Any) -> tuple[np.ndarray, np.ndarray]:
     return a, w
 
 
+@ieee_mode
 def default_isa() -> str:
     """The ISA :func:`int_matmul` and :func:`quantized_linear` model when ``isa`` is not given.
 
