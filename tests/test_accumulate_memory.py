@@ -8,8 +8,6 @@ that its random bits are drawn in the same order).
 
 from __future__ import annotations
 
-import tracemalloc
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -17,6 +15,8 @@ import pytest
 
 import fpsim.accumulate as acc
 from fpsim.accumulate import SumTree
+
+from _memory import peak_bytes as _peak
 
 ORDERS: list[tuple[Any, dict[str, Any]]] = [
     ("exact", {}),
@@ -26,16 +26,6 @@ ORDERS: list[tuple[Any, dict[str, Any]]] = [
     ("sequential", {}),
     ("kahan", {}),
 ]
-
-
-def _peak(fn: Callable[[], Any]) -> int:
-    tracemalloc.start()
-    try:
-        tracemalloc.reset_peak()
-        fn()
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
 
 
 @pytest.mark.parametrize(("order", "kw"), ORDERS + [pytest.param("tree", {}, marks=pytest.mark.slow)],

@@ -8,14 +8,14 @@ are made small here so that small inputs show the bound; the slow test runs the 
 
 from __future__ import annotations
 
-import tracemalloc
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 
 from fpsim.mma import dot, gemm as G, matmul, trainium, xla
+
+from _memory import peak_bytes as _peak
 
 BOUND = 8.0  # peak / (inputs + output)
 
@@ -24,16 +24,6 @@ DOT_MODELS = ["a100:fp16", "h100:fp8_e4m3:fp16", "wide", "fma_chain", "pairwise"
 MATMUL_MODELS = ["a100:fp16", "h100:fp8_e4m3:fp16", "v100:fp16", "wide", "fma_chain", "exact"]
 # The NumPy reference runs a batch entry at a time (slow with the small tiles): two families suffice there.
 NUMPY_MATMUL_MODELS = ("a100:fp16", "wide")
-
-
-def _peak(fn: Callable[[], Any]) -> int:
-    tracemalloc.start()
-    try:
-        tracemalloc.reset_peak()
-        fn()
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
 
 
 @pytest.fixture
