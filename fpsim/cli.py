@@ -196,13 +196,25 @@ def cmd_round(args: argparse.Namespace) -> int:
     print(f"bits      {d['bits']}")
     print(f"hex       {d['code']}")
     if d["error"] is None and d["error_fraction"] is None:
-        print("error     -")
+        print(f"error     {_no_error_reason(d, q, r)}")
     else:
         e = d["error"] if d["error"] is not None else d["error_fraction"]
         qf = Fraction(q)
         rel = _approx(abs(Fraction(r) - qf) / abs(qf)) if qf else "0"
         print(f"error     {_short(e)}  (rounded - input, exact; relative {rel})")
     return 0
+
+
+def _no_error_reason(d: dict[str, Any], q: Any, r: float) -> str:
+    """Why a rounding has no finite error: a special value in, or a finite value that overflowed."""
+    if isinstance(q, float) and not math.isfinite(q):
+        return "- (a special value in: nothing to round)"
+    from .formats import as_format
+
+    largest = as_format(d["format"]).max
+    what = ("-" if r < 0 else "+") + "infinity" if math.isinf(r) else "NaN (the format has no infinity)"
+    return (f"overflow: |input| is beyond {d['format']}'s largest finite value {largest:g}, so it rounds to "
+            f"{what} (--overflow saturate gives {-largest if r < 0 else largest:g} instead)")
 
 
 class _Parser(argparse.ArgumentParser):

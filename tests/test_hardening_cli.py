@@ -376,6 +376,20 @@ def test_cli_round_text_shows_exact_input_and_error() -> None:
     assert rc == 0 and "relative 5.96e+392" in out and "--json has all" in out
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["70000", "-f", "fp16"], "overflow: |input| is beyond fp16's largest finite value 65504, so it rounds to "
+                              "+infinity (--overflow saturate gives 65504 instead)"),
+    (["-70000", "-f", "fp16"], "rounds to -infinity (--overflow saturate gives -65504 instead)"),
+    (["465", "-f", "fp8_e4m3"], "rounds to NaN (the format has no infinity) (--overflow saturate gives 448"),
+    (["nan", "-f", "bf16"], "error     - (a special value in: nothing to round)"),
+])
+def test_cli_round_says_why_there_is_no_error(argv: list[str], says: str) -> None:
+    # Before (issue 25 item 7): "error     -" for an overflow, the same line as for a NaN input.
+    rc, out, err = run_cli(["round", *argv])
+    assert rc == 0 and err == ""
+    assert says in out
+
+
 @pytest.mark.parametrize("variant", [["-r", "RNE"], ["-r", " rne"], ["--overflow", "SATURATE"], ["-f", " BF16 "],
                                      ["-f", "bfloat16"], ["--rounding", "Rne", "--overflow", " ieee"]])
 def test_cli_round_names_follow_the_one_rule(variant: list[str]) -> None:
