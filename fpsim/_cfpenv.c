@@ -162,7 +162,106 @@ static PyObject *fpenv_setround(PyObject *self, PyObject *arg)
 #endif
 }
 
+/* The whole rounding state, saved and set to nearest in one call (what fpsim/_fpenv.py uses), and restored.
+ * On x86-64 the x87 unit and the SSE unit (MXCSR, which Python and NumPy arithmetic use) each have their own
+ * rounding control. A library can set MXCSR alone (_MM_SET_ROUNDING_MODE, _mm_setcsr); fegetround reads only
+ * the x87 word there, so saving with it and restoring with fesetround would lose the caller's SSE mode.
+ * Both controls are saved, packed as SAVED_X86 | x87 RC | SSE RC << 2 (RC: 0 nearest, 1 down, 2 up, 3 toward
+ * zero in both units); elsewhere the state is fegetround's value. */
+#if FPENV_ROUNDING && (defined(__x86_64__) || (defined(__i386__) && defined(__SSE__))) && \
+    (defined(__GNUC__) || defined(__clang__))
+#define FPENV_X86_RC 1
+#define SAVED_X86 0x100
+#define MXCSR_RC_SHIFT 13
+#define X87_RC_SHIFT 10
+
+static unsigned int x87_rc(void)
+{
+    unsigned short cw;
+    __asm__ __volatile__("fnstcw %0" : "=m"(cw));
+    return (cw >> X87_RC_SHIFT) & 3u;
+}
+
+static void set_x87_rc(unsigned int rc)
+{
+    unsigned short cw;
+    __asm__ __volatile__("fnstcw %0" : "=m"(cw));
+    cw = (unsigned short)((cw & ~(3u << X87_RC_SHIFT)) | (rc << X87_RC_SHIFT));
+    __asm__ __volatile__("fldcw %0" : : "m"(cw));
+}
+
+static unsigned int sse_rc(void) { return (_mm_getcsr() >> MXCSR_RC_SHIFT) & 3u; }
+
+static void set_sse_rc(unsigned int rc)
+{
+    _mm_setcsr((_mm_getcsr() & ~(3u << MXCSR_RC_SHIFT)) | (rc << MXCSR_RC_SHIFT));
+}
+#else
+#define FPENV_X86_RC 0
+#endif
+
+static PyObject *fpenv_nearest(PyObject *self, PyObject *unused)
+{
+#if FPENV_X86_RC
+    long saved = SAVED_X86 | (long)x87_rc() | ((long)sse_rc() << 2);
+    set_x87_rc(0);
+    set_sse_rc(0);
+    return PyLong_FromLong(saved);
+#elif FPENV_ROUNDING
+    int old = fegetround();
+    if (fesetround(FE_TONEAREST) != 0) {
+        PyErr_SetString(PyExc_OSError, "_cfpenv.nearest: fesetround(FE_TONEAREST) failed");
+        return NULL;
+    }
+    return PyLong_FromLong(old);
+#else
+    PyErr_SetString(PyExc_OSError, "_cfpenv: the rounding mode cannot be set on this platform");
+    return NULL;
+#endif
+}
+
+static PyObject *fpenv_restoreround(PyObject *self, PyObject *arg)
+{
+    long saved = PyLong_AsLong(arg);
+    if (saved == -1 && PyErr_Occurred()) return NULL;
+#if FPENV_X86_RC
+    if (saved & SAVED_X86) {
+        set_x87_rc((unsigned int)saved & 3u);
+        set_sse_rc(((unsigned int)saved >> 2) & 3u);
+        Py_RETURN_NONE;
+    }
+#endif
+    PyObject *old = fpenv_setround(self, arg);
+    if (old == NULL) return NULL;
+    Py_DECREF(old);
+    Py_RETURN_NONE;
+}
+
+/* For tests: set the SSE unit's rounding control alone (0 nearest, 1 down, 2 up, 3 toward zero), as a
+ * library calling _MM_SET_ROUNDING_MODE does; returns the previous one. x86 only (OSError elsewhere). */
+static PyObject *fpenv_set_sse_round(PyObject *self, PyObject *arg)
+{
+    long rc = PyLong_AsLong(arg);
+    if (rc == -1 && PyErr_Occurred()) return NULL;
+    if (rc < 0 || rc > 3) {
+        PyErr_Format(PyExc_ValueError, "_cfpenv._set_sse_round: rc must be 0..3, got %R", arg);
+        return NULL;
+    }
+#if FPENV_X86_RC
+    unsigned int old = sse_rc();
+    set_sse_rc((unsigned int)rc);
+    return PyLong_FromLong((long)old);
+#else
+    PyErr_SetString(PyExc_OSError, "_cfpenv._set_sse_round: x86 with gcc/clang only");
+    return NULL;
+#endif
+}
+
 static PyMethodDef methods[] = {
+    {"nearest", fpenv_nearest, METH_NOARGS,
+     "nearest() -> int: set round-to-nearest in every unit; returns the whole previous state for restoreround."},
+    {"restoreround", fpenv_restoreround, METH_O, "restoreround(state): put back a state nearest() returned."},
+    {"_set_sse_round", fpenv_set_sse_round, METH_O, "_set_sse_round(rc) -> int: tests only (x86)."},
     {"get", fpenv_get, METH_NOARGS, "get() -> int: the calling thread's flush flags (1 FTZ, 2 DAZ, 4 FZ16)."},
     {"set", fpenv_set, METH_O, "set(flags) -> int: set the calling thread's flush flags; returns the previous ones."},
     {"getround", fpenv_getround, METH_NOARGS, "getround() -> int: the calling thread's rounding mode (fegetround)."},

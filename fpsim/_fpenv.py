@@ -227,7 +227,7 @@ def _enter(name: str) -> tuple[int | None, int | None]:
 def _leave(saved: tuple[int | None, int | None]) -> None:
     flags, mode = saved
     if mode is not None:
-        _cfpenv.setround(mode)
+        _cfpenv.restoreround(mode)
     if flags is not None:
         _cfpenv.set(flags)
 
@@ -248,9 +248,11 @@ def _to_nearest(name: str) -> int:
         why = ("fpsim's rounding-mode control (the C extension fpsim._cfpenv) was not built in this installation"
                if _cfpenv is None else "fpsim cannot change the rounding mode on this platform")
         raise FloatingPointError(_REFUSAL_ROUNDING.format(name=name, mode=_mode_name(_cfpenv), why=why))
-    prev = int(c.setround(c.TONEAREST))
+    # nearest() saves and sets every unit's rounding control (x86: the x87 word and MXCSR, which a library may
+    # have set apart), so restoreround gives the caller back exactly the state it had
+    prev = int(c.nearest())
     if not _nearest():  # a mode this helper does not control: refuse rather than differ
-        c.setround(prev)
+        c.restoreround(prev)
         raise FloatingPointError(_REFUSAL_ROUNDING.format(
             name=name, mode=_mode_name(c), why="setting FE_TONEAREST did not restore round-to-nearest"))
     return prev

@@ -20,6 +20,7 @@ import enum
 import importlib
 import inspect
 import os
+import platform
 import subprocess
 import sys
 import warnings
@@ -303,10 +304,12 @@ def test_refuses_a_directed_mode_without_the_c_helper(monkeypatch: pytest.Monkey
 @needs_libm
 @pytest.mark.skipif(HELPER is None, reason="no fpsim._cfpenv")
 def test_refuses_a_rounding_mode_it_cannot_restore(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A helper whose setround changes nothing: refuse rather than differ, and leave the caller's mode."""
+    """A helper whose mode setting changes nothing: refuse rather than differ, and leave the caller's mode."""
     fake = type("Fake", (), {"SUPPORTED": 1, "ROUNDING": 1, "TONEAREST": NEAREST, "get": staticmethod(lambda: 0),
                              "set": staticmethod(lambda f: 0), "getround": staticmethod(HELPER.getround),
-                             "setround": staticmethod(lambda m: HELPER.getround())})
+                             "setround": staticmethod(lambda m: HELPER.getround()),
+                             "nearest": staticmethod(HELPER.getround),
+                             "restoreround": staticmethod(lambda m: None)})
     monkeypatch.setattr(_fpenv, "_cfpenv", fake)
     with rounding_mode(MODES["towardzero"]):
         with pytest.raises(FloatingPointError, match="did not restore round-to-nearest"):
@@ -707,3 +710,24 @@ def test_import_warns_nothing_and_order_with_torch_gives_the_same_bits() -> None
         assert r.returncode == 0 and not r.stderr, r.stderr
         assert r.stdout == plain.stdout
 
+
+
+@pytest.mark.skipif(_fpenv._cfpenv is None or not hasattr(_fpenv._cfpenv, "_set_sse_round")
+                    or platform.machine().lower() not in ("x86_64", "amd64"),
+                    reason="sets the SSE unit's rounding control alone: x86-64 with the C helper")
+@pytest.mark.parametrize("rc", [1, 2, 3])
+def test_sse_only_rounding_mode_is_given_back(rc: int) -> None:
+    """A library that sets MXCSR's rounding control alone (_MM_SET_ROUNDING_MODE) leaves the x87 word at nearest,
+    and fegetround (which reads the x87 word on x86-64) says nearest. Before (review finding): the guard saved
+    the x87 mode and "restored" nearest, so the caller's SSE mode was lost after any fpsim call."""
+    c = _fpenv._cfpenv
+    want = fpsim.div(1.0, 3.0, "fp64")
+    before = c._set_sse_round(rc)
+    try:
+        assert (1.0 + _fpenv._SMALL) != (1.0 - _fpenv._SMALL)  # Python's own arithmetic rounds directed now
+        got = fpsim.div(1.0, 3.0, "fp64")
+        after = c._set_sse_round(rc)  # reads the mode the call left (and sets the same one again)
+    finally:
+        c._set_sse_round(before)
+    assert got == want
+    assert after == rc, f"the caller's SSE rounding control {rc} came back as {after}"
