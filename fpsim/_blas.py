@@ -103,7 +103,9 @@ def _find_controls() -> list[_Control]:
         for set_sym, get_sym in _SYMBOLS:
             setter, getter = getattr(lib, set_sym, None), getattr(lib, get_sym, None)
             if setter is not None and getter is not None:
-                setter.argtypes, setter.restype, getter.restype = [ctypes.c_int], None, ctypes.c_int
+                # BLIS counts in dim_t (64-bit in its usual builds); OpenBLAS and MKL in int
+                count = ctypes.c_int64 if set_sym.startswith("bli_") else ctypes.c_int
+                setter.argtypes, setter.restype, getter.restype = [count], None, count
                 out.append((getter, setter))
                 break
     return out
