@@ -331,7 +331,11 @@ def main(argv: list[str] | None = None) -> int:
     av = list(sys.argv[1:] if argv is None else argv)
     if av and isinstance(av[0], str) and av[0].strip().lower() in _subcommands(p):
         av[0] = av[0].strip().lower()  # the one name rule for subcommands too ("ROUND", " demo")
-    args = p.parse_args(_protect_negative(av))
+    try:
+        args = p.parse_args(_protect_negative(av))
+    except BrokenPipeError:  # `fpsim --help | head -1` where print_help writes before the exit (Python 3.10)
+        _quiet_stdout()
+        return 0
     name = f"fpsim {args.command}"
     try:
         return int(args.func(args))

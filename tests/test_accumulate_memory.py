@@ -72,7 +72,10 @@ def test_chunks_keep_bits(order: Any, kw: dict[str, Any], fmt: str, monkeypatch:
     gotd = acc.dot(a[:, :, :, None, :], np.swapaxes(b, -1, -2)[:, :, None], fmt, order=order, **kw)
     assert got.shape == ref.shape == (3, 4, 5, 6)
     np.testing.assert_array_equal(got, ref)
-    np.testing.assert_array_equal(np.signbit(got), np.signbit(ref))
+    # signed zeros always; a NaN's sign only on NumPy 2 (1.24's SIMD loops pick which NaN, and so its sign, by
+    # the arrays' alignment, as test_hardening notes for the FMA emulation's payloads)
+    signed = ~np.isnan(ref) if np.lib.NumpyVersion(np.__version__) < "2.0.0" else np.ones(ref.shape, bool)
+    np.testing.assert_array_equal(np.signbit(got)[signed], np.signbit(ref)[signed])
     np.testing.assert_array_equal(gotd, refd)
     np.testing.assert_array_equal(gotd, got)
 
