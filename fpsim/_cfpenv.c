@@ -89,16 +89,23 @@ static PyObject *fpenv_get(PyObject *self, PyObject *unused)
 #endif
 }
 
+/* An exact int argument (not __index__: a float or a numpy float must not pass); *overflow set when it does
+ * not fit a long. Returns -1 with an exception set on a wrong type. */
+static int int_arg(PyObject *arg, const char *who, long *out, int *overflow)
+{
+    if (!PyLong_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "_cfpenv.%s: expected an int, got %.100s", who, Py_TYPE(arg)->tp_name);
+        return -1;
+    }
+    *out = PyLong_AsLongAndOverflow(arg, overflow);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
 static PyObject *fpenv_set(PyObject *self, PyObject *arg)
 {
     int overflow = 0;
     long flags;
-    if (!PyLong_Check(arg)) { /* not __index__: a float or a numpy float must not pass */
-        PyErr_Format(PyExc_TypeError, "_cfpenv.set: flags must be an int, got %.100s", Py_TYPE(arg)->tp_name);
-        return NULL;
-    }
-    flags = PyLong_AsLongAndOverflow(arg, &overflow);
-    if (flags == -1 && PyErr_Occurred()) return NULL;
+    if (int_arg(arg, "set", &flags, &overflow) < 0) return NULL;
     if (overflow || flags < 0 || flags > (FLAG_FTZ | FLAG_DAZ | FLAG_FZ16)) {
         PyErr_Format(PyExc_ValueError, "_cfpenv.set: flags must be in 0..7 (1 FTZ, 2 DAZ, 4 FZ16), got %R", arg);
         return NULL;
@@ -127,12 +134,7 @@ static PyObject *fpenv_setround(PyObject *self, PyObject *arg)
 {
     int overflow = 0;
     long mode;
-    if (!PyLong_Check(arg)) {
-        PyErr_Format(PyExc_TypeError, "_cfpenv.setround: mode must be an int, got %.100s", Py_TYPE(arg)->tp_name);
-        return NULL;
-    }
-    mode = PyLong_AsLongAndOverflow(arg, &overflow);
-    if (mode == -1 && PyErr_Occurred()) return NULL;
+    if (int_arg(arg, "setround", &mode, &overflow) < 0) return NULL;
 #if FPENV_ROUNDING
     /* only the modes this platform's fenv.h defines: fesetround would reject the others, but say which */
     if (overflow || !(mode == FE_TONEAREST
