@@ -50,6 +50,9 @@ def test_structure(path):
         assert phrase in first.source, f"{path.name}: the opening cell lacks {phrase!r}"
     last = nb.cells[-1]
     assert last.cell_type == "markdown" and "## Exercises" in last.source, f"{path.name} must end with exercises"
+    # every lesson closes on what it taught (issue 25: 11-13 and 15 had none)
+    assert any(c.cell_type == "markdown" and "## What you learned" in c.source for c in nb.cells[1:]), \
+        f"{path.name} lacks a '## What you learned' section before its exercises"
 
 
 def _available(name: str) -> bool:
