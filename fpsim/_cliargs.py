@@ -92,8 +92,8 @@ def json_safe(obj: Any) -> Any:
         return {k: json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [json_safe(v) for v in obj]
-    item = getattr(obj, "item", None)  # a numpy scalar (no numpy import in layer 0)
-    if item is not None and type(obj).__module__ == "numpy" and getattr(obj, "ndim", None) == 0:
+    item = getattr(obj, "item", None)  # a NumPy or ml_dtypes scalar, a 0-d array (no numpy import in layer 0)
+    if item is not None and getattr(obj, "ndim", None) == 0:
         return json_safe(item())
     return obj
 

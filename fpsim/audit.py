@@ -46,7 +46,7 @@ from typing import IO, Any
 import numpy as np
 
 from . import scaling as S
-from ._cliargs import printable
+from ._cliargs import json_text, printable
 from ._fpenv import ieee_mode
 from ._names import norm_name, parse_name
 from .formats import Format, as_format, format_names
@@ -1397,22 +1397,10 @@ def audit_checkpoint(path: str | os.PathLike[str], targets: Sequence[str | Targe
 # Output
 
 
-def _json_safe(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
-    if isinstance(v, dict):
-        return {k: _json_safe(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_json_safe(x) for x in v]
-    if isinstance(v, np.generic):
-        return _json_safe(v.item())
-    return v
-
-
 @ieee_mode
 def to_json(report: Mapping[str, Any]) -> str:
     """The report as strict JSON: infinite SQNR (no error at all) is the string ``"inf"``."""
-    return json.dumps(_json_safe(dict(report)), indent=1, allow_nan=False)
+    return json_text(dict(report), indent=1)
 
 
 def _f(v: float, kind: str) -> str:
