@@ -124,6 +124,13 @@ def _helper() -> Any:
     return c if c is not None and c.SUPPORTED else None
 
 
+def _required(c: Any, what: str) -> Any:
+    """The helper, or OSError saying which control this installation lacks."""
+    if c is None:
+        raise OSError(f"fpsim._cfpenv (the {what} control) is not available in this installation")
+    return c
+
+
 def flush_flags() -> int:
     """The calling thread's flush flags (``FTZ | DAZ | FZ16`` bits) as the C helper reads them.
 
@@ -132,18 +139,12 @@ def flush_flags() -> int:
     OSError
         When the C helper is not built or the platform is neither x86 nor aarch64.
     """
-    c = _helper()
-    if c is None:
-        raise OSError("fpsim._cfpenv (the FTZ/DAZ control) is not available in this installation")
-    return int(c.get())
+    return int(_required(_helper(), "FTZ/DAZ").get())
 
 
 def set_flush_flags(flags: int) -> int:
     """Set the calling thread's flush flags; returns the previous ones (for tests and for restoring)."""
-    c = _helper()
-    if c is None:
-        raise OSError("fpsim._cfpenv (the FTZ/DAZ control) is not available in this installation")
-    return int(c.set(flags))
+    return int(_required(_helper(), "FTZ/DAZ").set(flags))
 
 
 def _round_helper() -> Any:
@@ -159,18 +160,12 @@ def rounding_mode() -> int:
     OSError
         When the C helper is not built or the platform has no ``fenv.h`` rounding control.
     """
-    c = _round_helper()
-    if c is None:
-        raise OSError("fpsim._cfpenv (the rounding-mode control) is not available in this installation")
-    return int(c.getround())
+    return int(_required(_round_helper(), "rounding-mode").getround())
 
 
 def set_rounding_mode(mode: int) -> int:
     """Set the calling thread's rounding mode (C ``fesetround``); returns the previous one (tests, restoring)."""
-    c = _round_helper()
-    if c is None:
-        raise OSError("fpsim._cfpenv (the rounding-mode control) is not available in this installation")
-    return int(c.setround(mode))
+    return int(_required(_round_helper(), "rounding-mode").setround(mode))
 
 
 class IEEEMode:
