@@ -6,7 +6,7 @@ from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .data import CharText, ModularAddition, SequenceTask, Task, get_task, task_names
 from .ledger import StepLedger, measure_checkpointing, measure_step
 from .loop import History, TrainConfig, Trainer, lr_at
-from .sweep import Cell, SweepError, run_sweep, seed_spread
+from .sweep import Cell, Paired, SweepError, paired_interval, run_sweep, seed_spread
 from .parallel import DataParallelTrainer, GradCompressor, all_reduce, ddp_all_reduce
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "GradCompressor",
     "History",
     "ModularAddition",
+    "Paired",
     "SequenceTask",
     "StepLedger",
     "SweepError",
@@ -30,6 +31,7 @@ __all__ = [
     "lr_at",
     "measure_checkpointing",
     "measure_step",
+    "paired_interval",
     "run_sweep",
     "save_checkpoint",
     "seed_spread",

@@ -35,8 +35,8 @@ from ._threads import blas_threads
 from .demo import DEFAULT_POLICIES, DemoSettings
 from .loop import History, Trainer
 
-__all__ = ["LESSONS", "Cell", "Lesson", "SweepError", "demo_sweep", "grid", "history_of", "load_results", "run_cell",
-           "run_sweep", "seed_spread", "t_quantile"]
+__all__ = ["LESSONS", "Cell", "Lesson", "Paired", "SweepError", "demo_sweep", "grid", "history_of", "load_results",
+           "paired_interval", "run_cell", "run_sweep", "seed_spread", "t_quantile"]
 
 SWEEP_VERSION = 1
 #: The most seeds :func:`grid` makes from a count (``fpsim demo --seeds``): every seed is a training run per policy.
@@ -581,6 +581,78 @@ def _paired(da: Mapping[int, float | None], db: Mapping[int, float | None], leve
     else:
         r["verdict"] = "within seed noise"
     return r
+
+
+@dataclass(frozen=True)
+class Paired:
+    """A paired comparison over seeds: the mean of ``a - b``, its interval and the verdict (see
+    :func:`paired_interval`). ``str()`` is the sentence a notebook or report prints, so the words and the
+    numbers come from the same run."""
+
+    n: int
+    diff: float | None
+    ci: tuple[float, float] | None
+    verdict: str
+    level: float = 0.95
+
+    @property
+    def beyond(self) -> bool:
+        """True when the interval excludes 0 (the effect is *beyond seed noise*)."""
+        return self.verdict == "beyond seed noise"
+
+    def sentence(self, what: str = "a - b", fmt: str = "+.4f") -> str:
+        """``"<what>: mean +0.0123, 95% paired interval [+0.0100, +0.0146] over 3 seeds: beyond seed noise"``."""
+        if self.diff is None:
+            return f"{what}: no data"
+        head = f"{what}: mean {self.diff:{fmt}}"
+        if self.ci is None:
+            return f"{head} ({self.verdict})"
+        lo, hi = self.ci
+        return (f"{head}, {100 * self.level:g}% paired interval [{lo:{fmt}}, {hi:{fmt}}] over {self.n} seeds: "
+                f"{self.verdict}")
+
+    def __str__(self) -> str:
+        return self.sentence()
+
+
+def _by_seed(v: Mapping[int, float | None] | Sequence[float | None] | np.ndarray, name: str
+             ) -> dict[int, float | None]:
+    if isinstance(v, Mapping):
+        return {int(k): (None if x is None else float(x)) for k, x in v.items()}
+    if isinstance(v, (str, bytes)) or not isinstance(v, (Sequence, np.ndarray)):
+        raise TypeError(f"{name} must be a sequence of per-seed values or a mapping seed -> value, "
+                        f"got {type(v).__name__}")
+    a = np.asarray(v, dtype=np.float64)
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be one value per seed (1-D), got shape {a.shape}")
+    return {i: float(x) for i, x in enumerate(a)}
+
+
+@ieee_mode
+def paired_interval(a: Mapping[int, float | None] | Sequence[float | None] | np.ndarray,
+                    b: Mapping[int, float | None] | Sequence[float | None] | np.ndarray, *,
+                    level: float = 0.95) -> Paired:
+    """Is ``a - b`` beyond seed noise? The paired Student-t rule of :func:`seed_spread`, for any two metrics.
+
+    ``a`` and ``b`` are one value per seed, as sequences in the same seed order or as mappings seed -> value;
+    seeds missing or non-finite on either side are left out. With n seeds: the mean of the differences
+    ``d = a - b`` and the ``level`` interval ``mean(d) +- t(n-1) * sd(d) / sqrt(n)``; *beyond seed noise* when
+    it excludes 0, *within seed noise* when it contains 0 (one seed: no spread, no verdict). Print the result
+    (or its :meth:`Paired.sentence`) rather than writing a verdict by hand.
+
+    >>> r = paired_interval([1.10, 1.31, 0.92], [1.00, 1.20, 0.83])
+    >>> r.verdict, round(r.diff, 3)
+    ('beyond seed noise', 0.1)
+    >>> print(r.sentence("bf16 - fp32 final loss", ".3f"))
+    bf16 - fp32 final loss: mean 0.100, 95% paired interval [0.075, 0.125] over 3 seeds: beyond seed noise
+    >>> paired_interval([1.0, 2.0], [1.5, 1.0]).verdict
+    'within seed noise'
+    """
+    if not isinstance(level, (int, float)) or isinstance(level, bool) or not 0.0 < float(level) < 1.0:
+        raise ValueError(f"level must be a probability in (0, 1), got {level!r}")
+    r = _paired(_by_seed(a, "a"), _by_seed(b, "b"), float(level))
+    ci = None if r["ci"] is None else (float(r["ci"][0]), float(r["ci"][1]))
+    return Paired(n=int(r["n"]), diff=r["diff"], ci=ci, verdict=str(r["verdict"]), level=float(level))
 
 
 @ieee_mode
