@@ -263,13 +263,15 @@ def gradient_histogram(
     edges = np.arange(xmin, xmax + binwidth, binwidth)
     styles = {"before": (OKABE_ITO["blue"], "-"), "after": (OKABE_ITO["black"], "--")}
     fractions: dict[str, dict[str, float]] = {}
+    all_heights: list[np.ndarray] = []
     for (label, s), lg in zip(series, logs):
         total = s.size
         weights = np.full(lg.size, 100.0 / total) if total else np.zeros(0)
         name = "values" if scale is None else (label if label == "before" else f"after ×{_fmt_scale(scale)}")
         col, ls = styles[label]
-        _, _, patches = ax.hist(lg, bins=list(edges), weights=weights, histtype="step", lw=2, color=col, ls=ls,
-                                label=name)
+        heights, _, patches = ax.hist(lg, bins=list(edges), weights=weights, histtype="step", lw=2, color=col,
+                                      ls=ls, label=name)
+        all_heights.append(np.asarray(heights, dtype=np.float64))
         handles.append(patches[0] if isinstance(patches, list) else patches)
         rep = analyze(s, f, rounding, subnormals=subnormals)
         fractions[label] = band_fractions(rep, int(np.count_nonzero(s == 0)))
@@ -316,8 +318,39 @@ def gradient_histogram(
     ax.set_ylabel("share of values per bin (%)")
     ax.set_title(title if title is not None else f"Values against the range of {f.name}", pad=30)
     ax.legend(handles=handles, loc="upper right", fontsize=8, framealpha=0.9)
+    _clear_corners(ax, edges, all_heights, handles, text_bottom=y0)
     ax.fpsim_fractions = fractions  # type: ignore[attr-defined]
     return ax
+
+
+def _clear_corners(ax: Axes, edges: np.ndarray, heights: list[np.ndarray], handles: list[Any],
+                   text_bottom: float) -> None:
+    """Raise the y limit so no histogram bar reaches into the legend (upper right) or the fractions (upper left).
+
+    The boxes are estimated from their font size and the axes' size in points (before any layout engine
+    shrinks the axes, so with a margin): an estimate that errs on the side of more headroom.
+    """
+    if not heights or not any(h.size for h in heights):
+        return
+    centres = (edges[:-1] + edges[1:]) / 2
+    x0, x1 = float(edges[0]), float(edges[-1])
+    frac_x = (centres - x0) / max(x1 - x0, 1e-12)
+    top = np.max(np.vstack([h for h in heights if h.size]), axis=0)
+    fig: Any = ax.get_figure()
+    fig = fig.figure  # the root Figure (a SubFigure's sizes are its root's; a Figure's .figure is itself)
+    box = ax.get_position()
+    h_pt = max(box.height * fig.get_figheight() * 72.0 * 0.85, 1.0)  # assume layout takes up to 15% more room
+    w_pt = max(box.width * fig.get_figwidth() * 72.0 * 0.85, 1.0)
+    labels = [str(h.get_label()) for h in handles]
+    legend_h = (len(labels) * 8 * 1.45 + 12) / h_pt  # rows of 8-point text, plus the frame's padding
+    legend_w = (max((len(t) for t in labels), default=0) * 8 * 0.6 + 40) / w_pt
+    text_w = 0.22  # the fractions block: about 30 characters of 9-point text at the left edge
+    need = float(top.max()) * 1.05
+    for in_box, free_below in ((frac_x >= 1 - legend_w, 1 - legend_h - 0.03),
+                               (frac_x <= text_w, text_bottom - 0.02)):
+        if np.any(in_box) and free_below > 0.2:
+            need = max(need, float(top[in_box].max()) / free_below)
+    ax.set_ylim(0, need)
 
 
 def _dark(band: str) -> str:

@@ -532,3 +532,34 @@ def test_demo_gradient_histogram_labels_fp16_and_fp8_edges(tmp_path):
                 "edge:fp8_e5m2:57344", "edge:fp8_e4m3:2^-9", "edge:fp8_e4m3:2^-6", "edge:fp8_e4m3:448"]:
         assert gid in seen, (gid, sorted(seen))
         assert gid.split(":")[-1] in seen[gid]
+
+
+# issue 25: the legend (upper right) and the fractions (upper left) never cover a histogram bar
+def _bars_inside(ax, bbox) -> int:
+    """How many vertices of the histogram outlines fall inside ``bbox`` (display coordinates)."""
+    n = 0
+    for patch in ax.patches:
+        if type(patch).__name__ != "Polygon":
+            continue  # the band shading (axvspan) lies behind everything on purpose
+        pts = patch.get_transform().transform(patch.get_path().vertices)
+        # a bar's top edge: points above the x axis (the outline also runs along y = 0)
+        pts = pts[pts[:, 1] > ax.transData.transform((0, 0))[1] + 1]
+        n += int(np.sum((pts[:, 0] > bbox.x0) & (pts[:, 0] < bbox.x1) & (pts[:, 1] > bbox.y0) & (pts[:, 1] < bbox.y1)))
+    return n
+
+
+@pytest.mark.parametrize("layout", [None, "constrained"])
+def test_gradient_histogram_legend_and_fractions_clear_of_bars(layout):
+    rng = np.random.default_rng(25)
+    # peaked at the right end of their range, with a long left tail (like the gradients of notebook 5)
+    g = 2.0 ** (-20 - 6 * rng.exponential(1.0, 50_000))
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.2), layout=layout)
+    plot.gradient_histogram(g, "fp16", scale=1024.0, ax=axes[0])          # the scaled copy peaks under the legend
+    plot.gradient_histogram(2.0 ** (-1 + 3 * rng.exponential(1.0, 50_000)), "fp16", ax=axes[1])  # peak at the left
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    for ax in axes:
+        assert _bars_inside(ax, ax.get_legend().get_window_extent(r)) == 0
+        texts = [t.get_window_extent(r) for t in ax.texts if (t.get_gid() or "").startswith("fraction:")]
+        for bb in texts:
+            assert _bars_inside(ax, bb) == 0, ax.get_title()
