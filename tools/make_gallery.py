@@ -44,7 +44,7 @@ KEY = {
     "07-fp8-scaling": "delayed = S.DelayedScaling(",
     "08-quantization-aware-training": "for bits in [8, 6, 4, 3]:",
     "09-attention-numerics": "FP8 attention on inputs with 0.1% outliers",
-    "10-memory": "plan.plot_memory(plans",
+    "10-memory": "from fpsim.plan.memory import MEMORY_KEYS",
     "11-seven-machines": "same = np.array([[int(np.sum(same_in[a]",
     "12-data-parallel": "runs = {(1, \"fp32\")",
     "13-no-master-copy": "fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))",
