@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from .anomaly import Anomaly, AnomalyError, AnomalyLog, detect_anomaly
 from .autocast_mode import autocast, autocast_policy
 from .bf16 import UPDATE_RULES
 from .clip import clip_grad_norm_
@@ -23,6 +24,9 @@ __all__ = [
     "SGD",
     "UPDATE_RULES",
     "AdamW",
+    "Anomaly",
+    "AnomalyError",
+    "AnomalyLog",
     "DynamicLossScaler",
     "FP8Recipe",
     "GradScaler",
@@ -34,6 +38,7 @@ __all__ = [
     "autocast",
     "autocast_policy",
     "clip_grad_norm_",
+    "detect_anomaly",
     "fused_adamw_step",
     "fused_sgd_step",
     "get_policy",

@@ -27,6 +27,7 @@ from .._fpenv import ieee_mode
 from ..formats import Format, as_format
 from ..quant import fake_quantize_with_mask
 from ..rounding import round as fround
+from .anomaly import _ACTIVE, _watch
 from .policy import Policy
 
 __all__ = ["HIST_HI", "HIST_LO", "PolicyRuntime", "log2_histogram"]
@@ -86,6 +87,8 @@ class PolicyRuntime:
         self._mma_model: Any = None
         #: GEMMs run through the device model so far (``Policy.gemm`` a device name); 0 for fast GEMMs.
         self.mma_calls = 0
+        #: The training step the trainer is in (set by :meth:`begin_step`; reported by ``detect_anomaly``).
+        self.step: int | None = None
         #: Per step: how many times each FP8 tensor's amax was recorded, and each QAT observer updated
         #: (cleared by :meth:`begin_step`); a recomputed forward adds nothing (see :meth:`recomputing`).
         self.amax_records: dict[str, int] = {}
@@ -105,9 +108,13 @@ class PolicyRuntime:
             return x
         return np.asarray(fround(x, fmt, self.policy.rounding, rng=self.rng))  # rng is set iff rounding is "sr"
 
-    def _gcast(self, x: np.ndarray, fmt: Format, site: str, hist: str | None = None) -> np.ndarray:
-        """A gradient cast that records telemetry."""
+    def _gcast(self, x: np.ndarray, fmt: Format, site: str, hist: str | None = None,
+               op: str = "matmul") -> np.ndarray:
+        """A gradient cast that records telemetry (and, inside ``detect_anomaly``, checks its output)."""
         r = self.cast(x, fmt)
+        log = _ACTIVE.get()
+        if log is not None:
+            _watch(log, r, x, fmt, site, op, "backward", self)
         if self.recording:
             self._record(site, x, r, fmt)
             if self.histograms and hist is not None:
@@ -146,8 +153,9 @@ class PolicyRuntime:
             self.hists[key] = c
             self.hist_zeros[key] = z
 
-    def begin_step(self, recording: bool = False, histograms: bool = False) -> None:
-        """Start a training step: clear the per-step telemetry."""
+    def begin_step(self, recording: bool = False, histograms: bool = False, step: int | None = None) -> None:
+        """Start a training step: clear the per-step telemetry; ``step`` is the trainer's step count."""
+        self.step = step
         self.recording = recording
         self.histograms = histograms and recording
         self.stats = {}
@@ -163,17 +171,25 @@ class PolicyRuntime:
 
     # ------------------------------------------------------------------ nn.Precision
     def act(self, x: np.ndarray, site: str, op: str) -> np.ndarray:
+        log = _ACTIVE.get()
         if op in self.policy.fp32_ops:
+            if log is not None:
+                _watch(log, x, x, _FP32, site, op, "forward", self)
             return x
         r = self.cast(x, self.policy.activations)
+        if log is not None:
+            _watch(log, r, x, self.policy.activations, site, op, "forward", self)
         if self.recording and self.histograms and op != "cross_entropy" and not self._recomputing:
             self._hist("act", r)
         return r
 
     def grad(self, g: np.ndarray, site: str, op: str) -> np.ndarray:
         if op in self.policy.fp32_ops:
+            log = _ACTIVE.get()
+            if log is not None:
+                _watch(log, g, g, _FP32, f"{site}.grad", op, "backward", self)
             return g
-        return self._gcast(g, self.policy.gradients, f"{site}.grad")
+        return self._gcast(g, self.policy.gradients, f"{site}.grad", op=op)
 
     def _gemm(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Every GEMM of the model, forward and backward (``dX = dY Wᵀ``, ``dW = Xᵀ dY``, attention's batched
@@ -244,9 +260,13 @@ class PolicyRuntime:
         g = pol.gemm
         if g in ("fast", "fast64"):
             out = self._gemm(ac, bc).astype(np.float32, copy=False)
-            return out if c is None else np.asarray(c, np.float32) + out
-        # the device model adds C inside its chain
-        return self._mma(ac, bc, None if c is None else np.asarray(c, np.float32))
+            out = out if c is None else np.asarray(c, np.float32) + out
+        else:  # the device model adds C inside its chain
+            out = self._mma(ac, bc, None if c is None else np.asarray(c, np.float32))
+        log = _ACTIVE.get()
+        if log is not None:  # the FP32 accumulator of a fused kernel: no cast
+            _watch(log, out, out, _FP32, site, "matmul", "forward", self)
+        return out
 
     def matmul(self, a: np.ndarray, b: np.ndarray, site: str, kind: str,
                bias: np.ndarray | None = None) -> tuple[np.ndarray, Any]:
@@ -255,20 +275,28 @@ class PolicyRuntime:
         if pol.fp8 is not None and kind in pol.fp8.kinds:
             aq, ainv = self._fp8_quant(a, f"{site}.x", pol.fp8.forward)
             bq, binv = self._fp8_quant(b, f"{site}.w", pol.fp8.forward)
-            out = self._gemm(aq, bq) * (ainv * binv)            # dequantize in the GEMM epilogue
+            raw = self._gemm(aq, bq) * (ainv * binv)            # dequantize in the GEMM epilogue
             if bias is not None:
-                out = out + self.cast(bias, pol.params)
-            out = self.cast(out, pol.activations)
+                raw = raw + self.cast(bias, pol.params)
+            out = self._forward_out(raw, site)
             return out, ("fp8", aq, bq, ainv, binv, site, bias is not None)
         if pol.quant is not None and kind in pol.quant.kinds and (self.quant_active or self._calibrating):
             return self._quant_matmul(a, b, site, bias)
         ac = self.cast(a, pol.activations)
         bc = self.cast(b, pol.params if weight else pol.activations)
-        out = self._gemm(ac, bc)
+        raw = self._gemm(ac, bc)
         if bias is not None:
-            out = out + self.cast(bias, pol.params)
-        out = self.cast(out, pol.activations)
+            raw = raw + self.cast(bias, pol.params)
+        out = self._forward_out(raw, site)
         return out, ("std", ac, bc, site, bias is not None)
+
+    def _forward_out(self, raw: np.ndarray, site: str) -> np.ndarray:
+        """A forward GEMM's result cast into the activation format (checked inside ``detect_anomaly``)."""
+        out = self.cast(raw, self.policy.activations)
+        log = _ACTIVE.get()
+        if log is not None:
+            _watch(log, out, raw, self.policy.activations, site, "matmul", "forward", self)
+        return out
 
     def matmul_backward(self, dout: np.ndarray, cache: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         pol = self.policy
@@ -285,6 +313,9 @@ class PolicyRuntime:
             _, aq, bq, ainv, binv, site, has_bias = cache
             assert pol.fp8 is not None
             d = self.cast(dout, gf)
+            log = _ACTIVE.get()
+            if log is not None:
+                _watch(log, d, dout, gf, f"{site}.dy", "matmul", "backward", self)
             scale = self._fp8_state(f"{site}.dy", pol.fp8.backward).scale  # the scale this quantization uses
             dq, dinv = self._fp8_quant(d, f"{site}.dy", pol.fp8.backward)
             if self.recording:
@@ -364,7 +395,7 @@ class PolicyRuntime:
             mn, mx = self._obs[site]
         if self._calibrating and not self.quant_active:
             out = self._gemm(a, b) + (bias if bias is not None else 0)
-            return self.cast(out, self.policy.activations), ("std", a, b, site, bias is not None)
+            return self._forward_out(out, site), ("std", a, b, site, bias is not None)
         amin, amax_ = q.act_range
         mn0, mx0 = min(mn, _F32(0)), max(mx, _F32(0))
         s_a = max(_F32((mx0 - mn0) / _F32(amax_ - amin)), _EPS32)
@@ -386,7 +417,7 @@ class PolicyRuntime:
         out = self._gemm(aq, wq)
         if bias is not None:
             out = out + bias
-        out = self.cast(out, self.policy.activations)
+        out = self._forward_out(out, site)
         return out, ("quant", aq, amask, wq, wmask, site, bias is not None)
 
     # ------------------------------------------------------------------ recomputation

@@ -381,7 +381,7 @@ class Trainer:
         q = self.policy.quant
         if q is not None and q.mode == "qat" and not rt.quant_active and s >= int(q.start * cfg.steps):
             rt.quant_active = True  # QAT fine-tuning phase begins
-        rt.begin_step(recording=rec, histograms=hist)
+        rt.begin_step(recording=rec, histograms=hist, step=s)
         return s, rec, hist
 
     @single_threaded()  # BLAS at one thread: the same bits at any thread count (fpsim/_blas.py)
@@ -482,7 +482,7 @@ class Trainer:
         train_rng = self._side_rng(_EVAL_SEED + 2)
         rt.training = False
         try:
-            rt.begin_step(recording=False)
+            rt.begin_step(recording=False, step=self.step_count)
             bs = self.eval_batches() if batches is None else batches
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                 losses = [float(np.asarray(gpt_forward(self.store.weights, self.model, x, y, prec=rt)[1]))
