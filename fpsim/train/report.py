@@ -419,6 +419,7 @@ def lesson_table(policies: Mapping[str, Any], spread: Mapping[str, Any] | None =
     >>> print(lesson_table(P).splitlines()[-1])
     | BF16 mixed precision (FP32 master) vs FP32: final loss | final_loss | bf16-mixed | fp32 | +0.01 | not measured: 1 seed (run `fpsim demo --seeds 3`) |
     """
+    from .cli import DEFAULT_SEEDS
     from .sweep import LESSONS
 
     by = {r["key"]: r for r in (spread or {}).get("lessons", [])}
@@ -430,8 +431,8 @@ def lesson_table(policies: Mapping[str, Any], spread: Mapping[str, Any] | None =
              "the verdict (*beyond seed noise* when the interval excludes 0; details in *Across seeds*)."
              if spread else
              "*beyond seed noise?*: not measured, this demo ran one seed, and one run per policy cannot tell an "
-             "effect from the seed; the full `fpsim demo` trains 3 seeds by default, and `--seeds 3` (or more) "
-             "with `--quick` trains every policy over several seeds and fills this column.") + "\n"),
+             f"effect from the seed; the full `fpsim demo` trains {DEFAULT_SEEDS} seeds by default, and `--seeds 3` "
+             "(or more) with `--quick` trains every policy over several seeds and fills this column.") + "\n"),
          f"| lesson | metric | A | B | A − B (seed {seed}) | beyond seed noise? |", "|---|---|---|---|---|---|"]
     for les in LESSONS:
         if les.a not in policies or les.b not in policies:
