@@ -274,7 +274,8 @@ def run_demo(out: str, *, quick: bool = False, steps: int | None = None, policie
     say(f"checkpointing ledger ({checkpointing['policy']}, measured; one batch of "
         f"{checkpointing['batch']} x {checkpointing['seq_len']} tokens):")
     for r in checkpointing["rows"]:
-        say(f"  {r['mode']:13s} peak {r['peak_device_bytes'] / 2**20:7.3f} MiB ({r['memory_ratio']:5.3f}x)  "
+        say(f"  {_checkpoint_mode_label(r['mode']):16s} peak {r['peak_device_bytes'] / 2**20:7.3f} MiB "
+            f"({r['memory_ratio']:5.3f}x)  "
             f"GEMM {r['flops'] / 1e6:7.1f} MFLOP ({r['flops_ratio']:5.3f}x)  {1e3 * r['seconds']:6.1f} ms "
             f"({r['time_ratio']:4.2f}x)")
     result["complete"] = True
@@ -525,16 +526,18 @@ def _series(h: Any, key: str) -> tuple[np.ndarray, np.ndarray]:
     return st[ok], y[ok]
 
 
-def _trend(steps: Any, y: Any, fmt: Callable[[float], str] = lambda v: f"{100 * v:.2f}%") -> str:
+def _trend(steps: Any, y: Any, fmt: Callable[[float], str] = lambda v: f"{100 * v:.3g}%") -> str:
     """How a per-step series moves, from its data: the means of its first and last tenth and its peak
     (a running mean over a tenth of the steps), as a phrase.
 
     >>> _trend(range(100), [0.1] * 100)
-    'stays at about 10.00%'
+    'stays at about 10%'
     >>> _trend(range(100), [i / 100 for i in range(100)])
-    'grows through the run, from 4.50% to 94.50%'
+    'grows through the run, from 4.5% to 94.5%'
     >>> print(_trend(range(100), [min(i, 50 - i // 2) / 100 for i in range(100)]))
-    rises from 4.50% to a peak of 31.80% around step 35, then falls to 3.00% by the end
+    rises from 4.5% to a peak of 31.8% around step 35, then falls to 3% by the end
+    >>> print(_trend(range(100), [abs(i - 30) / 100 + 0.01 for i in range(100)]))
+    falls from 26.5% to a low of 3.5% around step 30, then rises to 65.5% by the end
     """
     st = np.asarray(steps, dtype=float)
     v = np.asarray(y, dtype=float)
@@ -550,9 +553,16 @@ def _trend(steps: Any, y: Any, fmt: Callable[[float], str] = lambda v: f"{100 * 
     first, last = float(sm[0]), float(sm[-1])
     i = int(np.argmax(sm))
     peak = float(sm[i])
+    j = int(np.argmin(sm))
+    low = float(sm[j])
     tol = 0.1 * max(abs(first), abs(last), abs(peak))
-    if peak - first > tol and peak - last > tol:
+    up = min(peak - first, peak - last)  # a peak inside the run, above both ends
+    down = min(first - low, last - low)  # a trough inside the run, below both ends
+    if up > tol and up >= down:
         return (f"rises from {fmt(first)} to a peak of {fmt(peak)} around step {int(centre[i])}, then falls to "
+                f"{fmt(last)} by the end")
+    if down > tol:
+        return (f"falls from {fmt(first)} to a low of {fmt(low)} around step {int(centre[j])}, then rises to "
                 f"{fmt(last)} by the end")
     if last - first > tol:
         return f"grows through the run, from {fmt(first)} to {fmt(last)}"
@@ -799,8 +809,8 @@ def _caption(key: str, P: dict[str, Any], histories: dict[str, Any] | None = Non
     if key == "underflow":
         parts = ["Share of nonzero gradient values that became zero when cast into each policy's gradient format, "
                "per step (log axis; steps with none are not drawn)."]
-        for n in ("fp16-no-scaling", "fp16-static", "fp16-mixed", "fp16-fast-scaler", "bf16-mixed"):
-            if n in H:
+        for n in H:
+            if n.startswith(("fp16", "bf16")):
                 st, y = _series(H[n], "grad_underflow_fraction")
                 parts.append(f"{n}: the share {_trend(st, y)}.")
         if "fp8-hybrid" in H:
@@ -846,11 +856,13 @@ def _caption(key: str, P: dict[str, Any], histories: dict[str, Any] | None = Non
                 parts.append(f"By tensor (mean over steps): the LayerNorm gains, which sit near 1, lost "
                            f"{_pct(float(np.mean(ln)))} of their updates, the other tensors "
                            f"{_pct(float(np.mean(rest)))}.")
-        for n in ("fp16-mixed", "bf16-mixed"):
+        for n in ("fp16-mixed", "bf16-mixed", "fp32"):
             if n in H:
                 _, y = _series(H[n], "lost_update_fraction")
-                parts.append(f"{n} (FP32 master): " + ("no update lost at any step." if y.size and not y.any() else
-                                                       f"{_pct(float(y.mean()) if y.size else math.nan)} lost."))
+                who = "FP32 weights" if n == "fp32" else "FP32 master"
+                parts.append(f"{n} ({who}): " + ("no update lost at any step." if y.size and not y.any() else
+                                                 f"{100 * float(y.mean()):.2g}% lost (mean over steps)."
+                                                 if y.size else "not measured."))
         return " ".join(parts)
     if key == "qat_ptq":
         txt = ("PTQ quantizes the trained FP32 model (weights per channel, activations per tensor after "

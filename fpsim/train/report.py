@@ -206,6 +206,25 @@ def _edge_text(v: float) -> str:
     return f"2^{int(e) - 1}" if m == 0.5 and v < 1 else f"{v:g}"
 
 
+def _overlap_label(name: str, v: np.ndarray, drawn: Mapping[str, np.ndarray]) -> str:
+    """``name``, or, when its series lies on top of one already drawn on a log axis (within 15% at every
+    step where both are positive, and zero at the same steps), a label that says so and by how much (the
+    largest relative difference).
+
+    >>> a = np.array([0.1, 0.2, 0.0])
+    >>> _overlap_label("b", a * 1.05, {"a": a}), _overlap_label("c", a * 3, {"a": a})
+    ('b (over a, ±5%)', 'c')
+    """
+    for o, ov in drawn.items():
+        if ov.shape != v.shape or not np.array_equal(ov > 0, v > 0) or not (v > 0).any():
+            continue
+        pos = v > 0
+        rel = float(np.max(np.abs(v[pos] / ov[pos] - 1.0)))
+        if rel <= 0.15:
+            return f"{name} (over {o}, ±{max(1, int(np.ceil(100 * rel - 1e-9)))}%)"
+    return name
+
+
 def plot_underflow(histories: Mapping[str, Any], path: str) -> str:
     """Underflow share per step on a log axis (policies that lose 0.1% and 50% are both visible); a run that
     lost nothing at any step cannot be drawn on it and says so in the legend."""
@@ -223,11 +242,9 @@ def plot_underflow(histories: Mapping[str, Any], path: str) -> str:
             zero.append(name)
             ax.plot([], [], color=_color(name, i), lw=1.5, ls=_ls(name, i), label=f"{name}: 0 at every step")
             continue
-        same = next((o for o, ov in drawn.items() if ov.shape == v.shape and np.allclose(ov, v, rtol=1e-3,
-                                                                                          atol=0.0)), None)
+        label = _overlap_label(name, v, drawn)
         drawn[name] = v
-        ax.plot(h["step"], np.where(v > 0, v, np.nan), color=_color(name, i), lw=1.8, ls=_ls(name, i),
-                label=name if same is None else f"{name} (on top of {same}: the same values)")
+        ax.plot(h["step"], np.where(v > 0, v, np.nan), color=_color(name, i), lw=1.8, ls=_ls(name, i), label=label)
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("nonzero gradient values\nthat underflowed to 0 (%, log)")
@@ -271,19 +288,30 @@ def plot_loss_scale(histories: Mapping[str, Any], path: str) -> str:
 
 
 def plot_lost_updates(histories: Mapping[str, Any], path: str) -> str:
+    """Lost-update share per step on a log axis: the runs without a master copy lose percents, those with
+    one (FP32 weights included) a few in a million, and both must be visible; a run that lost nothing at
+    any step says so in the legend."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9.5, 4.5))
+    drawn: dict[str, np.ndarray] = {}
     for i, (name, h) in enumerate(histories.items()):
         y = np.asarray(h["lost_update_fraction"], dtype=float)
+        if y.size == 0 or not np.isfinite(y).any():
+            continue
         k = max(1, y.size // 50)
-        none = bool(np.all(np.nan_to_num(y) == 0))  # overlapping flat lines at 0: the legend says which they are
-        ax.plot(h["step"], 100 * _smooth(y, k), color=_color(name, i), lw=1.5, ls=_ls(name, i),
-                label=f"{name}: 0 at every step" if none else name)
+        v = 100 * _smooth(np.nan_to_num(y), k)
+        if not (v > 0).any():
+            ax.plot([], [], color=_color(name, i), lw=1.5, ls=_ls(name, i), label=f"{name}: 0 at every step")
+            continue
+        label = _overlap_label(name, v, drawn)
+        drawn[name] = v
+        ax.plot(h["step"], np.where(v > 0, v, np.nan), color=_color(name, i), lw=1.5, ls=_ls(name, i), label=label)
+    ax.set_yscale("log")
     ax.set_xlabel("step")
-    ax.set_ylabel("nonzero weight updates lost to rounding (%)")
-    ax.set_title("Weight updates swallowed by rounding (w + dw == w)")
+    ax.set_ylabel("nonzero weight updates\nlost to rounding (%, log)")
+    ax.set_title("Weight updates swallowed by rounding (w + dw == w; steps with 0 not drawn)", fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.grid(alpha=0.3)
+    ax.grid(alpha=0.3, which="both")
     return _save(fig, path)
 
 
