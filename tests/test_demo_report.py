@@ -116,3 +116,92 @@ def test_report_inputs_are_not_modified() -> None:
     _caption("loss_scale", {"fp16-fast-scaler": _policy("fp16-fast-scaler")}, h)
     assert h == before
     assert callable(_report)
+
+
+# ------------------------------------------------------------------------------------------------------
+# the figures: each policy told apart, axes that show the differences, legends off the data, labelled modes
+# ------------------------------------------------------------------------------------------------------
+
+def _capture(fn: Any, *args: Any) -> Any:
+    """Run a report plot function and return its Figure (captured at savefig, before it is closed)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    got: list[Any] = []
+    orig = plt.Figure.savefig
+
+    def grab(self: Any, *a: Any, **k: Any) -> Any:
+        self.canvas.draw()
+        got.append(self)
+        return orig(self, *a, **k)
+
+    plt.Figure.savefig = grab  # type: ignore[method-assign]
+    try:
+        fn(*args)
+    finally:
+        plt.Figure.savefig = orig  # type: ignore[method-assign]
+    return got[0]
+
+
+def _legends_off_the_axes(fig: Any) -> None:
+    for ax in fig.axes:
+        leg = ax.get_legend()
+        if leg is None:
+            continue
+        lb, ab = leg.get_window_extent(), ax.get_window_extent()
+        assert lb.x0 >= ab.x1 - 1 or lb.y0 >= ab.y1 - 1 or lb.x1 <= ab.x0 + 1, "legend over the plotted area"
+
+
+def test_loss_curves_give_each_policy_its_own_difference_panel(tmp_path: Any) -> None:
+    from fpsim.train import report
+
+    names = ["fp32", "bf16-mixed", "fp16-mixed", "int8-ptq"]
+    hs = {n: _hist(seed=i) for i, n in enumerate(names)}
+    hs["int8-ptq"] = dict(hs["fp32"])  # PTQ reuses fp32's training: its panel says so
+    fig = _capture(report.plot_loss_curves, hs, str(tmp_path / "l.png"))
+    titles = [ax.get_title() for ax in fig.axes]
+    assert [t for t in titles if "−" in t] == [f"{n} − fp32" for n in names[1:]]
+    ptq = fig.axes[titles.index("int8-ptq − fp32")]
+    assert any("identical" in t.get_text() for t in ptq.texts)
+    _legends_off_the_axes(fig)
+
+
+def test_qat_ptq_axis_is_zoomed_to_the_data(tmp_path: Any) -> None:
+    from fpsim.train import report
+
+    m = {"fp32": {"final_loss": 0.422}, "int8-qat": {"final_loss": 0.423}, "int8-ptq": {"final_loss": 0.4223},
+         "int4-qat": {"final_loss": 0.440}, "int4-ptq": {"final_loss": 0.445}}
+    fig = _capture(report.plot_qat_ptq, m, str(tmp_path / "q.png"), list(m))
+    lo, hi = fig.axes[0].get_ylim()
+    assert 0.40 < lo < 0.422 and 0.445 < hi < 0.47  # not from 0: the differences fill the axis
+    texts = " ".join(t.get_text() for t in fig.axes[0].texts)
+    assert "QAT − PTQ\n-0.0050" in texts and "QAT − PTQ\n+0.0007" in texts
+    _legends_off_the_axes(fig)
+
+
+def test_checkpointing_labels_the_every_kth_block_mode(tmp_path: Any) -> None:
+    from fpsim.train import report
+
+    row = {"by_kind_device": {"gelu": 2**20}, "memory_ratio": 1.0, "flops_ratio": 1.0}
+    table = {"rows": [dict(row, mode="none"), dict(row, mode="2")], "policy": "fp32", "batch": 2, "seq_len": 4,
+             "model": {"n_layer": 4}}
+    fig = _capture(report.plot_checkpointing, table, str(tmp_path / "c.png"))
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels == ["none", "every 2nd block\n(blocks 0, 2 of 4)"]
+
+
+def test_underflow_loss_scale_and_lost_updates_keep_legends_off_the_data(tmp_path: Any) -> None:
+    from fpsim.train import report
+
+    hs = {"fp16-mixed": _hist(under=[0.001] * 60), "fp16-no-scaling": _hist(under=[0.4] * 60),
+          "bf16-mixed": _hist()}
+    for n, h in hs.items():
+        h["lost_update_fraction"] = [0.1 if n == "fp16-no-scaling" else 0.0] * 60
+    fig = _capture(report.plot_underflow, hs, str(tmp_path / "u.png"))
+    assert fig.axes[0].get_yscale() == "log"  # 0.1% and 40% both visible
+    assert any("0 at every step" in t.get_text() for t in fig.axes[0].get_legend().get_texts())
+    _legends_off_the_axes(fig)
+    _legends_off_the_axes(_capture(report.plot_loss_scale, hs, str(tmp_path / "s.png")))
+    _legends_off_the_axes(_capture(report.plot_lost_updates, hs, str(tmp_path / "l.png")))
