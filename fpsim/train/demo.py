@@ -895,7 +895,9 @@ def _checkpointing_section(ck: dict[str, Any], plot: str | None = None) -> str:
         "| peak at |")
     add("|---|---|---|---|---|---|---|---|---|---|")
     for r in ck["rows"]:
-        add(f"| {_checkpoint_mode_label(r['mode'], m.get('n_layer'))} | {r['peak_device_bytes']:,} | "
+        mode = str(r["mode"])  # the named modes as named; an integer k spelled out (every k-th block)
+        add(f"| {_checkpoint_mode_label(mode, m.get('n_layer')) if mode.isdigit() else mode} | "
+            f"{r['peak_device_bytes']:,} | "
             f"{r['memory_ratio']:.3f} | {r['peak_bytes']:,} | "
             f"{r['flops'] / 1e6:.1f} | {r['flops_ratio']:.3f} | {r['flops_by_phase']['recompute'] / 1e6:.1f} | "
             f"{1e3 * r['seconds']:.1f} | {r['time_ratio']:.2f} | {r['peak_device_event']} |")
