@@ -274,7 +274,9 @@ def run_demo(out: str, *, quick: bool = False, steps: int | None = None, policie
     say(f"checkpointing ledger ({checkpointing['policy']}, measured; one batch of "
         f"{checkpointing['batch']} x {checkpointing['seq_len']} tokens):")
     for r in checkpointing["rows"]:
-        say(f"  {_checkpoint_mode_label(r['mode']):16s} peak {r['peak_device_bytes'] / 2**20:7.3f} MiB "
+        mode = str(r["mode"])
+        mode = _checkpoint_mode_label(mode) if mode.isdigit() else mode  # an integer k: "every k-th block"
+        say(f"  {mode:16s} peak {r['peak_device_bytes'] / 2**20:7.3f} MiB "
             f"({r['memory_ratio']:5.3f}x)  "
             f"GEMM {r['flops'] / 1e6:7.1f} MFLOP ({r['flops_ratio']:5.3f}x)  {1e3 * r['seconds']:6.1f} ms "
             f"({r['time_ratio']:4.2f}x)")
