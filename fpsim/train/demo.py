@@ -528,7 +528,13 @@ def _series(h: Any, key: str) -> tuple[np.ndarray, np.ndarray]:
     return st[ok], y[ok]
 
 
-def _trend(steps: Any, y: Any, fmt: Callable[[float], str] = lambda v: f"{100 * v:.3g}%") -> str:
+def _pct3(v: float) -> str:
+    """A fraction as a percentage with 3 significant digits, never in e-notation (``<0.001%`` below that)."""
+    p = 100 * v
+    return "0%" if p == 0 else f"{p:.3g}%" if abs(p) >= 0.001 else ("<0.001%" if p > 0 else "> -0.001%")
+
+
+def _trend(steps: Any, y: Any, fmt: Callable[[float], str] = _pct3) -> str:
     """How a per-step series moves, from its data: the means of its first and last tenth and its peak
     (a running mean over a tenth of the steps), as a phrase.
 
