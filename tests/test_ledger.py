@@ -202,6 +202,7 @@ def test_demo_report_has_the_checkpointing_section(tmp_path: Any) -> None:
     report = (tmp_path / "report.md").read_text()
     assert report.count("## Checkpointing ledger (measured)") == 1
     assert "Korthikanti" in report and "| blocks |" in report
+    assert "| every 2nd block (block 0 of 2) |" in report  # checkpoint=2 spelled out, not a bare "2"
     saved = json.loads((tmp_path / "metrics.json").read_text())
     assert saved["checkpointing"]["rows"][0]["mode"] == "none"
     assert saved["memory_ledger"]["fp32"]["activation_bytes_per_token_measured"] > \

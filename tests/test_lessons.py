@@ -61,10 +61,14 @@ def test_no_master_costs_loss_when_finetuning_notebook_settings_seed_0() -> None
     assert no - mixed > 0.01
 
 
-def test_demo_text_states_the_measured_master_and_qat_verdicts() -> None:
+def test_demo_text_points_to_the_notebooks_without_quoting_their_numbers() -> None:
+    # The demo report states only what its own run measured (issue 25): the fine-tuning (notebook 6) and
+    # 3/2-bit QAT (notebook 8) results are pointed to as not measured in this run, never quoted as numbers.
     from fpsim.train.demo import _caption, _why, demo_settings
 
-    why = _why(demo_settings(quick=True))
-    assert "fine-tun" in why and "notebook 6" in why
-    assert "2 bits" in why and "within seed noise" in why
-    assert "2 bits" in _caption("qat_ptq", {})
+    P = {n: {"final_loss": 0.5, "lost_update_fraction": 0.1} for n in ("fp16-no-master", "fp16-mixed")}
+    why = _why(demo_settings(quick=True), P)
+    assert "fine-tun" in why.lower() and "notebook 6" in why and "not measured in this run" in why
+    assert "2 bits" in why and "notebook 8" in why
+    assert "within seed noise" not in why and "beyond seed noise" in why
+    assert "2 bits" in _caption("qat_ptq", {}) and "not run by this demo" in _caption("qat_ptq", {})

@@ -242,7 +242,7 @@ def bit_exact_section(block: dict[str, Any]) -> str:
                  "fixed-width sum, the chain along K) is not float32 BLAS's, so GEMM outputs differ in their last "
                  "bits" + (f" (the runs of {', '.join(same)} stayed identical: every difference was rounded away "
                  "by the output casts)" if same else "") + "; once a step's loss differs the trajectories drift "
-                 f"apart as two seeds' would (largest final-loss gap here {max(gaps):.4f}): read the gaps against "
+                 f"apart (largest final-loss gap here {max(gaps):.4f}): read the gaps against "
                  "the seed noise the main table's caveat describes, not as an effect of the hardware's arithmetic "
                  "unless a multi-seed run shows it beyond that noise.")
     skipped = block.get("skipped", {})

@@ -28,6 +28,7 @@ from ._files import atomic_write, remove_stale_tmp
 from .data import get_task
 from .ledger import checkpoint_table, measure_step
 from .loop import History, TrainConfig, Trainer
+from .report import _checkpoint_mode_label
 
 __all__ = [
     "DEFAULT_POLICIES",
@@ -273,7 +274,10 @@ def run_demo(out: str, *, quick: bool = False, steps: int | None = None, policie
     say(f"checkpointing ledger ({checkpointing['policy']}, measured; one batch of "
         f"{checkpointing['batch']} x {checkpointing['seq_len']} tokens):")
     for r in checkpointing["rows"]:
-        say(f"  {r['mode']:13s} peak {r['peak_device_bytes'] / 2**20:7.3f} MiB ({r['memory_ratio']:5.3f}x)  "
+        mode = str(r["mode"])
+        mode = _checkpoint_mode_label(mode) if mode.isdigit() else mode  # an integer k: "every k-th block"
+        say(f"  {mode:16s} peak {r['peak_device_bytes'] / 2**20:7.3f} MiB "
+            f"({r['memory_ratio']:5.3f}x)  "
             f"GEMM {r['flops'] / 1e6:7.1f} MFLOP ({r['flops_ratio']:5.3f}x)  {1e3 * r['seconds']:6.1f} ms "
             f"({r['time_ratio']:4.2f}x)")
     result["complete"] = True
@@ -289,7 +293,7 @@ def run_demo(out: str, *, quick: bool = False, steps: int | None = None, policie
         say(f"  (no plots: {e})")
     result["total_wall_s"] = time.perf_counter() - t_start
     _write_json(os.path.join(out, "metrics.json"), result)
-    _write_text(os.path.join(out, "report.md"), _report(result, plots, st))
+    _write_text(os.path.join(out, "report.md"), _report(result, plots, st, histories))
     say(f"wrote {os.path.join(out, 'report.md')}, metrics.json, histories.json and {len(plots)} plots "
         f"in {result['total_wall_s']:.1f} s")
     return result
@@ -410,8 +414,10 @@ def _rel(a: float, b: float) -> str:
     return f"{100 * (a - b) / b:+.1f}%"
 
 
-def _report(res: dict[str, Any], plots: dict[str, str], st: DemoSettings) -> str:
+def _report(res: dict[str, Any], plots: dict[str, str], st: DemoSettings,
+            histories: dict[str, Any] | None = None) -> str:
     P = res["policies"]
+    H = {n: (h.to_dict() if hasattr(h, "to_dict") else h) for n, h in (histories or {}).items()}
     s = res["settings"]
     m = s["model"]
     L: list[str] = []
@@ -430,13 +436,13 @@ def _report(res: dict[str, Any], plots: dict[str, str], st: DemoSettings) -> str
         "all-reduce normalize each rank's gradient by its own tokens only). That is what makes per-token "
         "gradients tiny in real large-batch training, and where FP16 gradients underflow. After "
         f"unscaling, the optimizer receives the gradient multiplied back by {st.micro_batches} (the sum over the "
-        "global batch, estimated from this micro-batch); the round trip is a power of two, exact in FP32, so "
-        "the FP32 run is bit-identical to plain mean-loss training: only the narrow formats feel the small "
-        "gradients.\n")
+        "global batch, estimated from this micro-batch)" + (
+            "; the round trip is a power of two, exact in FP32, so the FP32 run is bit-identical to plain "
+            "mean-loss training: only the narrow formats feel the small gradients.\n"
+            if st.micro_batches & (st.micro_batches - 1) == 0 else
+            f"; {st.micro_batches} is not a power of two, so the round trip itself rounds in FP32.\n"))
     spread = res.get("seed_spread")  # a multi-seed demo (fpsim.train.sweep): two more columns, one more section
-    add(_why(st) if not spread else _why(st).replace(
-        "One seed. ", f"The table's runs are those of seed {st.seed}; its last two columns and the section *Across "
-        f"seeds* below cover all {spread['n_seeds']} seeds. "))
+    add(_why(st, P, spread, H))
     from .report import seed_columns
 
     xh, xs = seed_columns(spread, None)
@@ -459,7 +465,7 @@ def _report(res: dict[str, Any], plots: dict[str, str], st: DemoSettings) -> str
         "that were nonzero before a cast into the gradient format, the share that became 0 (mean over "
         "steps). *lost updates*: of the nonzero weight updates, the share that left the stored weight "
         "unchanged (mean over steps).\n")
-    add(_findings(P))
+    add(_findings(P, H))
     from .report import lesson_table
 
     add(lesson_table(P, spread, seed=st.seed))  # every lesson with its "beyond seed noise?" column
@@ -477,7 +483,7 @@ def _report(res: dict[str, Any], plots: dict[str, str], st: DemoSettings) -> str
     for key, title in figs:
         if key in plots:
             add(f"## {title}\n\n![{title}]({plots[key]})\n")
-            add(_caption(key, P) + "\n")
+            add(_caption(key, P, H, spread) + "\n")
     add("## Memory ledger\n")
     add("Bytes per parameter (AdamW: two moments) and activation bytes kept per token for the backward pass.\n")
     add("| policy | weights | grads | master | optimizer state | total / param | activations / token (estimate) "
@@ -499,40 +505,195 @@ def _report(res: dict[str, Any], plots: dict[str, str], st: DemoSettings) -> str
     add("## Policies\n")
     for n, d in P.items():
         p = d["policy"]
+        seen = (f" In this run: {d['skipped_steps']} skipped steps, final scale {_p2(d['final_loss_scale'])}."
+                if p["loss_scale"] == "dynamic" else "")  # the description: what it is for; this: what it did
         add(f"- **{n}**: {p['description']} (params {p['params']}, activations {p['activations']}, gradients "
-            f"{p['gradients']}, master {p['master']}, loss scale {p['loss_scale']}).")
+            f"{p['gradients']}, master {p['master']}, loss scale {p['loss_scale']}).{seen}")
     add(f"\nTotal wall time {res['total_wall_s']:.1f} s.")
     return "\n".join(L) + "\n"
 
 
-def _why(st: DemoSettings) -> str:
-    return (
-        "**Why these settings.** The task (sort 10 symbols out of 16) needs content-based attention, so the "
-        "loss keeps falling for the whole run and the small late gradients still matter. AdamW's updates are "
-        f"at most about the learning rate in size; the cosine schedule takes it from {st.lr:g} down to "
-        f"{st.lr / 10:g}, below half an FP16 ulp of 0.5..1 (2^-12 = 0.00024): without an FP32 master copy the "
-        "LayerNorm gains, which sit near 1, and every weight above 0.5 in magnitude then cannot move at all, "
-        "and smaller weights lose the updates Adam makes smaller than the learning rate. Training from scratch at "
-        "these learning rates, the surviving updates largely make up for the lost ones (a loss gap of about 1% "
-        "at --quick settings); fine-tuning a pretrained model at a small learning rate (1e-4) is the regime where the "
-        "missing master copy costs loss: notebook 6 measures +0.064 held-out loss for fp16-no-master vs "
-        "fp16-mixed (95% paired interval [+0.052, +0.076], 3 seeds, every seed), with two thirds of the updates "
-        "lost by the end. The QAT policies follow the usual recipe: FP32 training for the first half of the steps, then fine-tuning with fake "
-        "quantization; PTQ quantizes the FP32 model after all the steps, so both see the same number of steps. "
-        "One seed. Runs whose rounding differs from FP32's follow slightly different trajectories, and on this "
-        "task (whose loss falls in sudden drops that come a few steps earlier or later) their loss at a given "
-        "step can differ from FP32's by several percent for that reason alone: read differences of a few "
-        "percent (fp16-no-master, fp8-hybrid, int8) as indications and the measured counts behind them (lost "
-        "updates, underflow, skipped steps) as the robust part. Whether an effect holds beyond that noise is "
-        "measured, not assumed: the full demo trains 3 seeds by default and `fpsim demo --seeds N` any number; "
-        "the lesson table states, lesson by lesson, whether the difference is beyond seed noise (with 3 seeds at "
-        "--quick settings, no loss scaling and no FP32 master were). QAT vs PTQ: at --quick settings INT8 and "
-        "INT4 QAT vs PTQ are within seed noise (3 seeds; the lesson table gives this run's own verdict, and at "
-        "the full demo's 400 steps INT4 QAT wins); QAT beats PTQ on every seed at 3 and 2 bits, "
-        "beyond seed noise at 2 bits only (held-out loss QAT - PTQ -0.42, 95% paired interval [-0.49, -0.35]; "
-        "at 3 bits -0.052, [-0.122, +0.019], within seed noise: seeds 0-2 at --quick settings, measured in "
-        "notebook 8, which trains the 3- and 2-bit policies). The *wall s* of a PTQ row includes the "
-        "FP32 training it reuses.\n")
+def _p2(v: float) -> str:
+    """A scale as 2^k when it is a power of two, else as a number."""
+    if v > 0 and math.isfinite(v) and math.log2(v).is_integer():
+        return f"2^{int(math.log2(v))}"
+    return f"{v:g}"
+
+
+def _series(h: Any, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of a history series, NaN steps dropped."""
+    y = np.asarray(h[key], dtype=float)
+    st = np.asarray(h["step"], dtype=float)[: y.size]
+    ok = np.isfinite(y)
+    return st[ok], y[ok]
+
+
+def _pct3(v: float) -> str:
+    """A fraction as a percentage with 3 significant digits, never in e-notation (``<0.001%`` below that)."""
+    p = 100 * v
+    return "0%" if p == 0 else f"{p:.3g}%" if abs(p) >= 0.001 else ("<0.001%" if p > 0 else "> -0.001%")
+
+
+def _trend(steps: Any, y: Any, fmt: Callable[[float], str] = _pct3) -> str:
+    """How a per-step series moves, from its data: the means of its first and last tenth and its peak
+    (a running mean over a tenth of the steps), as a phrase.
+
+    >>> _trend(range(100), [0.1] * 100)
+    'stays at about 10%'
+    >>> _trend(range(100), [i / 100 for i in range(100)])
+    'grows through the run, from 4.5% to 94.5%'
+    >>> print(_trend(range(100), [min(i, 50 - i // 2) / 100 for i in range(100)]))
+    rises from 4.5% to a peak of 31.8% around step 35, then falls to 3% by the end
+    >>> print(_trend(range(100), [abs(i - 30) / 100 + 0.01 for i in range(100)]))
+    falls from 26.5% to a low of 3.5% around step 30, then rises to 65.5% by the end
+    """
+    st = np.asarray(steps, dtype=float)
+    v = np.asarray(y, dtype=float)
+    ok = np.isfinite(v)
+    st, v = st[: v.size][ok[: st.size]], v[ok]
+    if v.size == 0:
+        return "was not measured in this run"
+    if not np.any(v):
+        return "is 0 at every step"
+    k = max(1, v.size // 10)
+    sm = np.convolve(v, np.ones(k) / k, mode="valid")
+    centre = st[k // 2: k // 2 + sm.size]
+    first, last = float(sm[0]), float(sm[-1])
+    i = int(np.argmax(sm))
+    peak = float(sm[i])
+    j = int(np.argmin(sm))
+    low = float(sm[j])
+    tol = 0.1 * max(abs(first), abs(last), abs(peak))
+    up = min(peak - first, peak - last)  # a peak inside the run, above both ends
+    down = min(first - low, last - low)  # a trough inside the run, below both ends
+    if up > tol and up >= down:
+        return (f"rises from {fmt(first)} to a peak of {fmt(peak)} around step {int(centre[i])}, then falls to "
+                f"{fmt(last)} by the end")
+    if down > tol:
+        return (f"falls from {fmt(first)} to a low of {fmt(low)} around step {int(centre[j])}, then rises to "
+                f"{fmt(last)} by the end")
+    if last - first > tol:
+        return f"grows through the run, from {fmt(first)} to {fmt(last)}"
+    if first - last > tol:
+        return f"falls through the run, from {fmt(first)} to {fmt(last)}"
+    return f"stays at about {fmt(float(np.mean(v)))}"
+
+
+def _scaler_facts(h: Any) -> dict[str, Any]:
+    """What a run's loss scale did, from its history: initial, largest and final scale, skipped steps, the
+    first skipped step, how often the scale was cut and grown, and the closest the largest scaled gradient
+    came to FP16's maximum (log2 of the headroom, over the steps that did not overflow)."""
+    s = np.asarray(h["loss_scale"], dtype=float)
+    sk = np.asarray(h["skipped"], dtype=bool)
+    amax = np.asarray(h["grad_amax"], dtype=float)
+    steps = np.asarray(h["step"])
+    d = np.diff(s)
+    fin = np.isfinite(amax) & ~sk[: amax.size] & (amax > 0)
+    head = float(np.log2(65504.0 / amax[fin].max())) if fin.any() else math.nan
+    return {"init": float(s[0]), "peak": float(s.max()), "final": float(s[-1]), "skipped": int(sk.sum()),
+            "first_skip": int(steps[sk][0]) if sk.any() else None, "cuts": int(np.sum(d < 0)),
+            "growths": int(np.sum(d > 0)), "steps": int(s.size), "headroom_log2": head,
+            "median_amax": float(np.median(amax[fin])) if fin.any() else math.nan}
+
+
+def _scaler_sentence(name: str, h: Any, interval: Any) -> str:
+    """One sentence, from the history, on what ``name``'s dynamic loss scale did in this run.
+
+    >>> grow = {"step": [0, 1, 2, 3], "loss_scale": [2.0**16, 2.0**17, 2.0**18, 2.0**18],
+    ...         "skipped": [False] * 4, "grad_amax": [1.0, 2.0, 4.0, 4.0]}
+    >>> print(_scaler_sentence("s", grow, 1))  # doctest: +NORMALIZE_WHITESPACE
+    s (growth interval 1) grew its scale from 2^16 to 2^18 and never overflowed: 0 skipped steps in 4 steps;
+    its largest scaled gradient stayed 2^14.0 below FP16's maximum
+    """
+    f = _scaler_facts(h)
+    gi = f"growth interval {interval}"
+    if f["skipped"] == 0:
+        moved = (f"grew its scale from {_p2(f['init'])} to {_p2(f['peak'])}" if f["peak"] > f["init"] else
+                 f"kept its scale at {_p2(f['init'])}")
+        room = ("" if not math.isfinite(f["headroom_log2"]) else
+                f"; its largest scaled gradient stayed 2^{f['headroom_log2']:.1f} below FP16's maximum")
+        return f"{name} ({gi}) {moved} and never overflowed: 0 skipped steps in {f['steps']} steps{room}"
+    osc = ""
+    if f["cuts"] >= 2 and f["growths"] >= 1:
+        osc = (f"; after that it oscillated below the boundary (cut {f['cuts']} times, grown {f['growths']} "
+               "times in all)")
+    elif f["cuts"] == 1:
+        osc = "; it was cut once"
+    return (f"{name} ({gi}) went from {_p2(f['init'])} to a peak of {_p2(f['peak'])}, first overflowed at step "
+            f"{f['first_skip']}, skipped {f['skipped']} steps in all and ended at {_p2(f['final'])}{osc}")
+
+
+def _lesson_result(spread: Any, key: str) -> str:
+    """A lesson's verdict over seeds from the sweep, or that this run did not measure it."""
+    for r in (spread or {}).get("lessons", []):
+        if r.get("key") == key and r.get("diff") is not None and r.get("ci") is not None:
+            return (f"{r['diff']:+.4g} [{r['ci'][0]:+.4g}, {r['ci'][1]:+.4g}] over {r['n']} seeds: "
+                    f"{r['verdict']}")
+    return "not measured against seed noise in this run (one seed; `fpsim demo --seeds 3` measures it)"
+
+
+def _why(st: DemoSettings, P: dict[str, Any] | None = None, spread: Any = None,
+         histories: dict[str, Any] | None = None) -> str:
+    """The report's *Why these settings* paragraph: every number in it comes from the settings or the run."""
+    P = P or {}
+    H = histories or {}
+    kw = st.task_kwargs
+    task = (f"sort {kw['length']} symbols out of {kw['n_symbols']}" if st.task == "sort" and
+            {"length", "n_symbols"} <= set(kw) else f"{st.task} {kw}")
+    L = [f"**Why these settings.** The task ({task}) needs content-based attention"]
+    ref = H.get("fp32")
+    if ref is not None and len(ref["loss"]) >= 20:
+        y = np.asarray(ref["loss"], dtype=float)
+        k = max(1, y.size // 10)
+        L[-1] += (f"; in this run the fp32 training loss went from {y[:k].mean():.3f} (mean of the first {k} steps) "
+                  f"to {y[-k:].mean():.3f} (last {k} steps).")
+    else:
+        L[-1] += "."
+    half_ulp = 2.0 ** -12  # half an FP16 ulp of [0.5, 1)
+    lr_series = ref["lr"] if ref is not None and len(ref["lr"]) else None
+    if lr_series is not None:
+        lr = np.asarray(lr_series, dtype=float)
+        peak_i = int(np.argmax(lr))
+        low = lr[peak_i:]
+        below = np.nonzero(low < half_ulp)[0]
+        L.append(f"AdamW's updates are at most about the learning rate in size; the schedule takes it from "
+                 f"{lr.max():g} (step {peak_i}) down to {low.min():g} at the end, "
+                 + (f"below half an FP16 ulp of 0.5..1 (2^-12 = {half_ulp:.6f}) from step {peak_i + int(below[0])} "
+                    "on: without an FP32 master copy the LayerNorm gains, which sit near 1, and every weight above "
+                    "0.5 in magnitude then cannot move by such an update."
+                    if below.size else
+                    f"never below half an FP16 ulp of 0.5..1 (2^-12 = {half_ulp:.6f})."))
+    if "fp16-no-master" in P and "fp16-mixed" in P:
+        a, b = P["fp16-no-master"], P["fp16-mixed"]
+        L.append(f"In this run fp16-no-master lost {_pct(a['lost_update_fraction'])} of its weight updates (mean "
+                 f"over steps) and ended at {a['final_loss']:.4f} against fp16-mixed's {b['final_loss']:.4f} "
+                 f"({_rel(a['final_loss'], b['final_loss'])}); over seeds: {_lesson_result(spread, 'no-master-loss')}."
+                 " Fine-tuning a pretrained model at a small learning rate is the regime where the missing master "
+                 "copy is expected to cost more loss; notebook 6 measures that over seeds (not measured in this run).")
+    qs = sorted({float(d["policy"]["quant"]["start"]) for d in P.values()
+                 if (d.get("policy") or {}).get("quant") and d["policy"]["quant"].get("mode") == "qat"})
+    if qs:
+        L.append(f"The QAT policies train in FP32 for the first {', '.join(f'{100 * q:g}%' for q in qs)} of the "
+                 "steps, then fine-tune with fake quantization; PTQ quantizes the FP32 model after all the steps, so "
+                 "both see the same number of steps.")
+    L.append("One seed." if not spread else
+             f"The table's runs are those of seed {st.seed}; its last two columns and the section *Across seeds* "
+             f"below cover all {spread['n_seeds']} seeds.")
+    L.append("Runs whose rounding differs from FP32's follow slightly different trajectories, and on this task "
+             "(whose loss falls in sudden drops that come a few steps earlier or later) their loss at a given step "
+             "can differ from FP32's for that reason alone: read a single run's small differences as indications "
+             "and the measured counts behind them (lost updates, underflow, skipped steps) as the robust part. "
+             "Whether an effect holds beyond that noise is measured, not assumed: `fpsim demo --seeds N` trains N "
+             "seeds, and the lesson table states, lesson by lesson, whether each difference is beyond seed noise"
+             + (" (this run: one seed, so it cannot say)." if not spread else "."))
+    L.append("QAT vs PTQ at 8 and 4 bits: " + "; ".join(
+        f"int{b} {_lesson_result(spread, f'int{b}-qat-ptq')}" for b in (8, 4)
+        if f"int{b}-qat" in P and f"int{b}-ptq" in P) + "." if any(f"int{b}-qat" in P for b in (8, 4)) else "")
+    L.append("At 3 and 2 bits this demo trains nothing (notebook 8 does).")
+    if "fp32" in P and any((d.get("policy") or {}).get("quant", {}) and d["policy"]["quant"].get("mode") == "ptq"
+                           for d in P.values()) and not spread:
+        L.append("The *wall s* of a PTQ row includes the FP32 training it reuses.")
+    return " ".join(x for x in L if x) + "\n"
 
 
 def _get(P: dict[str, Any], n: str, k: str) -> float | None:
@@ -545,7 +706,7 @@ def _nan_if_none(v: float | None) -> float:
     return float("nan") if v is None else float(v)
 
 
-def _findings(P: dict[str, Any]) -> str:
+def _findings(P: dict[str, Any], H: dict[str, Any] | None = None) -> str:
     out = ["## What the runs show\n"]
     ref = _get(P, "fp32", "final_loss")
     if ref is None:
@@ -558,7 +719,7 @@ def _findings(P: dict[str, Any]) -> str:
     for n in ("bf16-mixed", "fp16-mixed"):
         if n in P:
             v = P[n]["final_loss"]
-            ok = "within a few percent of FP32" if abs(v - ref) <= 0.05 * ref else "NOT within 5% of FP32"
+            ok = "within 5% of FP32" if abs(v - ref) <= 0.05 * ref else "NOT within 5% of FP32"
             how = "FP32 master weights" + ("" if n == "bf16-mixed" else " and dynamic loss scaling")
             out.append(f"- **{n}** reaches {cmp(n)}: {ok}, with {how}.")
     if "fp16-no-scaling" in P:
@@ -569,10 +730,8 @@ def _findings(P: dict[str, Any]) -> str:
         if s_32 is not None:
             slow = (f" It needs {'more than ' + str(d['steps']) if s_ns is None else s_ns} steps to reach the "
                     f"loss fp32 reaches in {s_32}")
-            slow += ": underflow slows training." if s_ns is None or s_ns > s_32 else "."
-        verdict = ("it trains worse" if d["final_loss"] > ref else
-                   "the final loss did not suffer (in this small model the run catches up once the loss is low; "
-                   "see the curves)")
+            slow += ": it trains slower on this seed." if s_ns is None or s_ns > s_32 else "."
+        verdict = ("above fp32's on this seed" if d["final_loss"] > ref else "not above fp32's on this seed")
         out.append(f"- **fp16-no-scaling** loses {_pct(d['grad_underflow_fraction'])} of its nonzero gradient values "
                    f"to underflow (fp16-mixed: {mixed}) and ends at {cmp('fp16-no-scaling')}: {verdict}.{slow}")
     if "fp16-no-master" in P:
@@ -587,14 +746,19 @@ def _findings(P: dict[str, Any]) -> str:
         d = P["fp16-fast-scaler"]
         fs = d["final_loss_scale"]
         fs_txt = f"2^{math.log2(fs):g}" if fs > 0 and math.log2(fs).is_integer() else f"{fs:g}"
-        if d["skipped_steps"]:
-            out.append(f"- **fp16-fast-scaler** (dynamic, growth interval 8) climbs from 2^16 to the overflow boundary, "
-                       f"skipped {d['skipped_steps']} steps on overflow, ends with a scale of {fs_txt} and reaches "
-                       f"{cmp('fp16-fast-scaler')}: each skipped step is a lost update.")
+        gi = (d.get("policy") or {}).get("scaler_kwargs", {}).get("growth_interval", 2000)
+        if H is not None and "fp16-fast-scaler" in H:  # what the scale did, from the run's history
+            out.append(f"- **{_scaler_sentence('fp16-fast-scaler', H['fp16-fast-scaler'], gi)}**; it reaches "
+                       f"{cmp('fp16-fast-scaler')}" + (": each skipped step is a lost update." if d["skipped_steps"]
+                                                        else "."))
+        elif d["skipped_steps"]:
+            out.append(f"- **fp16-fast-scaler** (dynamic, growth interval {gi}) skipped {d['skipped_steps']} steps on "
+                       f"overflow, ends with a scale of {fs_txt} and reaches {cmp('fp16-fast-scaler')}: each skipped "
+                       "step is a lost update.")
         else:  # a short run can end before the scale reaches the overflow boundary: say so
-            out.append(f"- **fp16-fast-scaler** (dynamic, growth interval 8) grows its scale from 2^16 to {fs_txt} "
-                       f"without meeting an overflow in {d['steps']} steps (no skipped step; a longer run reaches "
-                       f"the boundary and backs off) and reaches {cmp('fp16-fast-scaler')}.")
+            out.append(f"- **fp16-fast-scaler** (dynamic, growth interval {gi}) ends with a scale of {fs_txt} "
+                       f"without meeting an overflow in {d['steps']} steps (no skipped step) and reaches "
+                       f"{cmp('fp16-fast-scaler')}.")
     if "fp8-hybrid" in P:
         out.append(f"- **fp8-hybrid** (E4M3 forward, E5M2 gradients, delayed per-tensor scaling) trains to "
                    f"{cmp('fp8-hybrid')}.")
@@ -602,49 +766,122 @@ def _findings(P: dict[str, Any]) -> str:
         q, p = _get(P, f"int{b}-qat", "final_loss"), _get(P, f"int{b}-ptq", "final_loss")
         if q is not None and p is not None:
             out.append(f"- **int{b}**: QAT {q:.4f} vs PTQ {p:.4f} (fp32 {ref:.4f}): "
-                       f"{'QAT beats PTQ' if q < p else 'PTQ is not worse than QAT here'}.")
+                       f"{'QAT below PTQ' if q < p else 'PTQ not above QAT'} on this seed (whether beyond seed "
+                       "noise: the lesson table).")
     return "\n".join(out) + "\n"
 
 
-def _caption(key: str, P: dict[str, Any]) -> str:
+def _caption(key: str, P: dict[str, Any], histories: dict[str, Any] | None = None,
+             spread: Any = None) -> str:
+    """The caption of figure ``key``: what the figure shows, and what this run's data say (every number and
+    trend from ``P`` (the policies' metrics) and ``histories``; a claim the run has no data for says so)."""
+    H = histories or {}
     if key == "loss_curves":
-        return ("Training loss per policy (smoothed). The runs share data and initial weights, so differences "
-                "come from the formats alone.")
+        same = [n for n in H if n != "fp32" and "fp32" in H and
+                np.array_equal(np.asarray(H[n]["loss"], dtype=float), np.asarray(H["fp32"]["loss"], dtype=float))]
+        txt = ("Top: training loss per policy (smoothed; dot: final held-out loss). Below: each policy's "
+               "difference from fp32, each panel on its own scale, so runs that coincide in the top panel can be "
+               "told apart. The runs share data and initial weights, so differences come from the formats alone.")
+        if same:
+            txt += (f" {', '.join(same)} trained exactly as fp32 did (identical training losses), so their panels "
+                    "show only the held-out difference after quantization.")
+        ref = _get(P, "fp32", "final_loss")
+        if ref is not None:
+            gaps = {n: d["final_loss"] - ref for n, d in P.items() if n != "fp32"}
+            if gaps:
+                w = max(gaps, key=lambda n: abs(gaps[n]))
+                txt += f" Largest final held-out gap: {w}, {gaps[w]:+.4f} nats ({_rel(P[w]['final_loss'], ref)})."
+        return txt
     if key == "grad_histogram":
-        return ("log2 of the magnitudes of the activation gradients entering the backward GEMMs, from the FP32 "
-                "run (true values). Everything left of the red band's edge rounds to zero in FP16; the orange band "
-                "is FP16's subnormal range, where precision is lost bit by bit; the bars at the top are FP8's "
-                "ranges before scaling. The blue copy is shifted by the typical dynamic loss scale of "
-                "fp16-mixed: multiplying the loss moves the whole distribution into FP16's normal range, which "
-                "is all that loss scaling does (Micikevicius et al. 2018).")
-    if key == "underflow":
-        return ("Share of nonzero gradient values that became zero when cast into each policy's gradient format. "
-                "Without loss scaling a large share is lost from the start and it grows as training converges and "
-                "gradients shrink; BF16 has FP32's exponent range and flushes almost nothing. FP8's E5M2 gradients "
-                "start with a scale of 1 (TransformerEngine's initial value: no amax history yet), so the first "
-                "steps lose most gradient values; from then on the delayed per-tensor scales (448/amax, 57344/amax) "
-                "keep them in range.")
-    if key == "loss_scale":
-        sk = ", ".join(f"{n}: {P[n]['skipped_steps']}" for n in ("fp16-mixed", "fp16-fast-scaler") if n in P)
-        return ("The dynamic scaler is torch GradScaler's algorithm, bit for bit: it halves the scale and skips "
-                "the step on an overflow, and doubles it after `growth_interval` clean steps. With torch's default "
-                "interval of 2000 (fp16-mixed) the scale stays at 2^16 for a run this short; fp16-fast-scaler "
-                "(interval 8) climbs until the scaled gradients overflow FP16 and then oscillates just below the "
-                f"boundary (skipped steps: {sk}). The lower panel shows the largest scaled gradient of each step "
-                "against FP16's maximum: the gap to the dashed line is the headroom the scale leaves; the static "
-                "scale of 1024 sits far lower, which is why it still loses some gradients to underflow.")
+        txt = ("log2 of the magnitudes of the activation gradients entering the backward GEMMs, from the FP32 "
+               "run (true values). Everything left of the red band's edge rounds to zero in FP16; the orange band "
+               "is FP16's subnormal range, where precision is lost bit by bit; the bars at the top are FP8's "
+               "ranges before scaling.")
+        h32, h16 = H.get("fp32"), H.get("fp16-mixed")
+        if h32 is not None and h32["hist_step"] and h16 is not None and len(h16["loss_scale"]):
+            ls = float(np.median(h16["loss_scale"]))
+            c = np.asarray(h32["hist"]["grad_act"][-1], dtype=float)
+            e = np.arange(int(h32["hist_lo"]), int(h32["hist_lo"]) + c.size)  # bin e holds |g| in [2^e, 2^(e+1))
+            tot = max(c.sum(), 1.0)
+            sh = math.log2(ls)
 
+            def share(edge: float, shift: float) -> float:
+                return float(c[e + shift < edge].sum() / tot)
+
+            txt += (f" The blue copy is shifted by fp16-mixed's median loss scale ({_p2(ls)}). Of the nonzero "
+                    f"values at step {h32['hist_step'][-1]}, {_pct(share(-14, 0))} lie below FP16's smallest "
+                    f"normal (2^-14) and {_pct(share(-24, 0))} below its smallest subnormal (2^-24); after the "
+                    f"scale, {_pct(share(-14, sh))} and {_pct(share(-24, sh))}: multiplying the loss moves the "
+                    "distribution up, which is all that loss scaling does (Micikevicius et al. 2018).")
+        return txt
+    if key == "underflow":
+        parts = ["Share of nonzero gradient values that became zero when cast into each policy's gradient format, "
+               "per step (log axis; steps with none are not drawn)."]
+        for n in H:
+            if n.startswith(("fp16", "bf16")):
+                st, y = _series(H[n], "grad_underflow_fraction")
+                parts.append(f"{n}: the share {_trend(st, y)}.")
+        if "fp8-hybrid" in H:
+            st, y = _series(H["fp8-hybrid"], "grad_underflow_fraction")
+            if y.size >= 2:
+                later = float(np.mean(y[1:]))
+                parts.append(f"fp8-hybrid's E5M2 gradients start with a scale of 1 (TransformerEngine's initial "
+                           f"value: no amax history yet): it lost {_pct(float(y[0]))} at step {int(st[0])} and "
+                           f"{_pct(later)} on average over the later steps"
+                           + (", once the delayed per-tensor scales (57344/amax) were set." if later < y[0] else "."))
+        return " ".join(parts)
+    if key == "loss_scale":
+        parts = ["The dynamic scaler is torch GradScaler's algorithm, bit for bit: it halves the scale and skips the "
+               "step on an overflow, and doubles it after `growth_interval` clean steps."]
+        for n in ("fp16-mixed", "fp16-fast-scaler"):
+            if n in H and n in P:
+                gi = (P[n].get("policy") or {}).get("scaler_kwargs", {}).get("growth_interval", 2000)
+                parts.append(_scaler_sentence(n, H[n], gi) + ".")
+        parts.append("The lower panel shows the largest scaled gradient of each step against FP16's maximum: the gap "
+                   "to the dashed line is the headroom the scale leaves.")
+        if "fp16-static" in H and "fp16-mixed" in H:
+            fs, fm = _scaler_facts(H["fp16-static"]), _scaler_facts(H["fp16-mixed"])
+            if math.isfinite(fs["median_amax"]) and math.isfinite(fm["median_amax"]):
+                r = math.log2(fs["median_amax"] / fm["median_amax"])
+                parts.append(f"fp16-static's fixed scale of {_p2(fs['init'])} puts its largest scaled gradient "
+                           f"2^{abs(r):.1f} {'below' if r < 0 else 'above'} fp16-mixed's (medians over steps); it "
+                           f"lost {_pct(P['fp16-static']['grad_underflow_fraction'])} of its gradient values to "
+                           f"underflow, fp16-mixed {_pct(P['fp16-mixed']['grad_underflow_fraction'])}.")
+        return " ".join(parts)
     if key == "lost_updates":
-        return ("Without an FP32 master copy, an update smaller than half an ulp of its weight leaves the FP16 "
-                "weight unchanged (1 + 1e-4 == 1 in FP16). LayerNorm gains near 1 and larger weights lose most as "
-                "the learning rate decays. With a master copy the FP32 weights absorb every update.")
+        parts = ["Without an FP32 master copy, an update smaller than half an ulp of its weight leaves the FP16 "
+               "weight unchanged (1 + 1e-4 == 1 in FP16)."]
+        h = H.get("fp16-no-master")
+        if h is not None:
+            st, y = _series(h, "lost_update_fraction")
+            lr = np.asarray(h["lr"], dtype=float)
+            parts.append(f"fp16-no-master's share {_trend(st, y)}, while the learning rate goes from its peak "
+                       f"{lr.max():g} to {lr[-1]:g}.")
+            bw = h.get("by_weight") or {}
+            ln = [float(np.nanmean(v)) for k, v in bw.items() if re.search(r"ln\w*\.g$", k) and len(v)]
+            rest = [float(np.nanmean(v)) for k, v in bw.items() if not re.search(r"ln\w*\.g$", k) and len(v)]
+            if ln and rest:
+                parts.append(f"By tensor (mean over steps): the LayerNorm gains, which sit near 1, lost "
+                           f"{_pct(float(np.mean(ln)))} of their updates, the other tensors "
+                           f"{_pct(float(np.mean(rest)))}.")
+        for n in ("fp16-mixed", "bf16-mixed", "fp32"):
+            if n in H:
+                _, y = _series(H[n], "lost_update_fraction")
+                who = "FP32 weights" if n == "fp32" else "FP32 master"
+                parts.append(f"{n} ({who}): " + ("no update lost at any step." if y.size and not y.any() else
+                                                 f"{100 * float(y.mean()):.2g}% lost (mean over steps)."
+                                                 if y.size else "not measured."))
+        return " ".join(parts)
     if key == "qat_ptq":
-        return ("PTQ quantizes the trained FP32 model (weights per channel, activations per tensor after "
-                "calibration on a few batches); QAT trains with the same fake quantization in the loop "
-                "(straight-through gradients), so the weights adapt to the grid. Whether the gap at 8 and 4 bits is "
-                "beyond seed noise is in the lesson table above (at --quick settings, 3 seeds: within it at both); "
-                "at 3 and 2 bits QAT wins on every seed, beyond seed noise at 2 bits (notebook 8 measures both over "
-                "3 seeds).")
+        txt = ("PTQ quantizes the trained FP32 model (weights per channel, activations per tensor after "
+               "calibration on a few batches); QAT trains with the same fake quantization in the loop "
+               "(straight-through gradients), so the weights adapt to the grid.")
+        for b in (8, 4):
+            q, p = _get(P, f"int{b}-qat", "final_loss"), _get(P, f"int{b}-ptq", "final_loss")
+            if q is not None and p is not None:
+                txt += (f" int{b}: QAT − PTQ {q - p:+.4f} on this seed; over seeds: "
+                        f"{_lesson_result(spread, f'int{b}-qat-ptq')}.")
+        return txt + " At 3 and 2 bits: not run by this demo (notebook 8 trains them)."
     return ""
 
 
@@ -660,12 +897,16 @@ def _checkpointing_section(ck: dict[str, Any], plot: str | None = None) -> str:
         "parameters and weight copies excluded), counted at the width of the format their values were "
         "rounded to; *carrier*: the same arrays as NumPy holds them (fpsim carries 16-bit values in float32). "
         "GEMM FLOPs are counted as the GEMMs run (2·M·N·K each); time is the median of 3 steps. Gradients are "
-        "bit-identical in every mode (tests/test_checkpointing.py).\n")
+        "bit-identical in every mode (checked by tests/test_checkpointing.py, not by this run). An integer mode "
+        "k recomputes every k-th block (blocks 0, k, 2k, ...).\n")
     add("| mode | peak (device) | vs none | carrier | GEMM MFLOP | vs none | recomputed MFLOP | ms / step | vs none "
         "| peak at |")
     add("|---|---|---|---|---|---|---|---|---|---|")
     for r in ck["rows"]:
-        add(f"| {r['mode']} | {r['peak_device_bytes']:,} | {r['memory_ratio']:.3f} | {r['peak_bytes']:,} | "
+        mode = str(r["mode"])  # the named modes as named; an integer k spelled out (every k-th block)
+        add(f"| {_checkpoint_mode_label(mode, m.get('n_layer')) if mode.isdigit() else mode} | "
+            f"{r['peak_device_bytes']:,} | "
+            f"{r['memory_ratio']:.3f} | {r['peak_bytes']:,} | "
             f"{r['flops'] / 1e6:.1f} | {r['flops_ratio']:.3f} | {r['flops_by_phase']['recompute'] / 1e6:.1f} | "
             f"{1e3 * r['seconds']:.1f} | {r['time_ratio']:.2f} | {r['peak_device_event']} |")
     if plot:
@@ -680,10 +921,12 @@ def _checkpointing_section(ck: dict[str, Any], plot: str | None = None) -> str:
             f"recomputation (`blocks`) saves {100 * (1 - b['memory_ratio']):.0f}% of the peak for "
             f"{100 * (b['flops_ratio'] - 1):.0f}% more GEMM FLOPs. The FLOP cost is one extra forward pass of the "
             "blocks (the backward pass costs two forwards, so about +33%, less the lm_head, which is not "
-            "recomputed). The saving is smaller than 70% because the peak comes while one block's recomputed "
-            "cache exists beside every block's kept input: peak / none is about 1/L + input/block (L layers; "
-            "the kept input is the FP32 residual stream), so a 2-layer model keeps about half, and deeper "
-            "models save more. Time ratios of a single run on a shared machine are noisy; "
+            "recomputed). " + (
+                "The saving is smaller than 70% because the peak comes while one block's recomputed cache exists "
+                "beside every block's kept input: peak / none is about 1/L + input/block (L layers; the kept input "
+                f"is the FP32 residual stream), so this {m['n_layer']}-layer model keeps {b['memory_ratio']:.2f} of "
+                "it, and by that formula deeper models save more. " if b["memory_ratio"] > 0.3 else "") +
+            "Time ratios of a single run on a shared machine are noisy; "
             "benchmarks/bench_recompute.py measures them with repeated interleaved rounds.")
     k = ck["korthikanti"]
     kp = k["per_layer_16bit"]

@@ -85,23 +85,65 @@ def _save(fig: Any, path: str) -> str:
 
 
 def plot_loss_curves(histories: Mapping[str, Any], path: str) -> str:
+    """Top: every policy's smoothed training loss (log scale). Below: one small panel per policy with its
+    difference from the reference run (``fp32``, else the first run), each on its own y-scale, so curves
+    that coincide in the top panel are told apart; a run whose curve is the reference's bit for bit (PTQ
+    reuses fp32's training) says so instead of drawing a flat line."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for i, (name, h) in enumerate(histories.items()):
+    from matplotlib.ticker import FormatStrFormatter
+
+    runs = [(n, h) for n, h in histories.items() if np.asarray(h["loss"], dtype=float).size]
+    ref = "fp32" if "fp32" in histories else (runs[0][0] if runs else None)
+    others = [(n, h) for n, h in runs if n != ref]
+    ncol = 4
+    nrow = (len(others) + ncol - 1) // ncol
+    fig = plt.figure(figsize=(11, 4.2 + 1.9 * nrow))
+    gs = fig.add_gridspec(1 + nrow, ncol, height_ratios=[2.6] + [1.0] * nrow)
+    ax = fig.add_subplot(gs[0, :])
+
+    def smooth(h: Mapping[str, Any]) -> np.ndarray:
         y = np.asarray(h["loss"], dtype=float)
-        if y.size == 0:
-            continue
-        k = max(1, y.size // 40)
-        ax.plot(h["step"], _smooth(y, k), color=_color(name, i), lw=1.5, label=name,
-                ls=_ls(name, i))
+        return _smooth(y, max(1, y.size // 40))
+
+    for i, (name, h) in enumerate(runs):
+        ax.plot(h["step"], smooth(h), color=_color(name, i), lw=1.5, label=name, ls=_ls(name, i))
         if h["eval_step"]:
             ax.plot(h["eval_step"][-1], h["eval_loss"][-1], "o", color=_color(name, i), ms=5)
     ax.set_yscale("log")
     ax.set_xlabel("step")
-    ax.set_ylabel("training loss (nats/token, smoothed; dot = final held-out loss)")
-    ax.set_title("Loss curves: the same model, data and seed under each policy")
-    ax.legend(fontsize=8, ncol=2)
+    ax.set_ylabel("training loss (nats/token)")
+    ax.set_title("Loss curves: the same model, data and seed under each policy (smoothed; dot = final held-out "
+                 "loss)", fontsize=10)
+    ax.legend(fontsize=8, ncol=1, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: covers no curve
     ax.grid(alpha=0.3)
+    if ref is not None:
+        hr = histories[ref]
+        yr = smooth(hr)
+        for j, (name, h) in enumerate(others):
+            bx = fig.add_subplot(gs[1 + j // ncol, j % ncol])
+            i = [n for n, _ in runs].index(name)
+            y = smooth(h)
+            m = min(y.size, yr.size)
+            d = y[:m] - yr[:m]
+            bx.axhline(0.0, color="#000000", lw=0.8)
+            if np.array_equal(np.asarray(h["loss"][:m], dtype=float), np.asarray(hr["loss"][:m], dtype=float)):
+                bx.text(0.5, 0.5, f"training identical\nto {ref}", transform=bx.transAxes, ha="center",
+                        va="center", fontsize=8)
+            else:
+                bx.plot(np.asarray(h["step"][:m]), d, color=_color(name, i), ls=_ls(name, i), lw=1.3,
+                        label="_" + name)
+            if h["eval_step"] and hr["eval_step"]:
+                bx.plot(h["eval_step"][-1], h["eval_loss"][-1] - hr["eval_loss"][-1], "o", color=_color(name, i),
+                        ms=4)
+            bx.set_title(f"{name} − {ref}", fontsize=8, pad=2)
+            bx.set_xlim(float(hr["step"][0]) - 2, float(hr["step"][-1]) + 4)
+            bx.yaxis.set_major_formatter(FormatStrFormatter("%.2g"))  # no offset text over the panel's title
+            bx.tick_params(labelsize=7)
+            bx.grid(alpha=0.3)
+            if j % ncol == 0:
+                bx.set_ylabel("Δ loss (nats),\neach panel its own scale", fontsize=7)
+            if j // ncol == nrow - 1:
+                bx.set_xlabel("step", fontsize=7)
     return _save(fig, path)
 
 
@@ -164,20 +206,51 @@ def _edge_text(v: float) -> str:
     return f"2^{int(e) - 1}" if m == 0.5 and v < 1 else f"{v:g}"
 
 
+def _overlap_label(name: str, v: np.ndarray, drawn: Mapping[str, np.ndarray]) -> str:
+    """``name``, or, when its series lies on top of one already drawn on a log axis (within 15% at every
+    step where both are positive, and zero at the same steps), a label that says so and by how much (the
+    largest relative difference).
+
+    >>> a = np.array([0.1, 0.2, 0.0])
+    >>> _overlap_label("b", a * 1.05, {"a": a}), _overlap_label("c", a * 3, {"a": a})
+    ('b (over a, ±5%)', 'c')
+    """
+    for o, ov in drawn.items():
+        if ov.shape != v.shape or not np.array_equal(ov > 0, v > 0) or not (v > 0).any():
+            continue
+        pos = v > 0
+        rel = float(np.max(np.abs(v[pos] / ov[pos] - 1.0)))
+        if rel <= 0.15:
+            return f"{name} (over {o}, ±{max(1, int(np.ceil(100 * rel - 1e-9)))}%)"
+    return name
+
+
 def plot_underflow(histories: Mapping[str, Any], path: str) -> str:
+    """Underflow share per step on a log axis (policies that lose 0.1% and 50% are both visible); a run that
+    lost nothing at any step cannot be drawn on it and says so in the legend."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(9.5, 4.5))
+    zero: list[str] = []
+    drawn: dict[str, np.ndarray] = {}
     for i, (name, h) in enumerate(histories.items()):
         y = np.asarray(h["grad_underflow_fraction"], dtype=float)
         if y.size == 0 or not np.isfinite(y).any():
             continue
         k = max(1, y.size // 50)
-        ax.plot(h["step"], 100 * _smooth(y, k), color=_color(name, i), lw=1.5, ls=_ls(name, i), label=name)
+        v = 100 * _smooth(y, k)
+        if not (v > 0).any():
+            zero.append(name)
+            ax.plot([], [], color=_color(name, i), lw=1.5, ls=_ls(name, i), label=f"{name}: 0 at every step")
+            continue
+        label = _overlap_label(name, v, drawn)
+        drawn[name] = v
+        ax.plot(h["step"], np.where(v > 0, v, np.nan), color=_color(name, i), lw=1.8, ls=_ls(name, i), label=label)
+    ax.set_yscale("log")
     ax.set_xlabel("step")
-    ax.set_ylabel("nonzero gradient values that underflowed to 0 (%)")
-    ax.set_title("Gradient underflow in the policy's gradient format")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+    ax.set_ylabel("nonzero gradient values\nthat underflowed to 0 (%, log)")
+    ax.set_title("Gradient underflow in the policy's gradient format (steps with 0 not drawn)", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(alpha=0.3, which="both")
     return _save(fig, path)
 
 
@@ -185,15 +258,16 @@ def plot_loss_scale(histories: Mapping[str, Any], path: str) -> str:
     """Top: the loss scale per step (skipped steps marked). Bottom: the largest scaled gradient against
     FP16's maximum, i.e. how much headroom the scale leaves before an overflow."""
     plt = _plt()
-    fig, (ax, bx) = plt.subplots(2, 1, figsize=(8, 6.2), sharex=True)
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(11, 6.2), sharex=True)
     f16 = as_format("fp16")
     for i, (name, h) in enumerate(histories.items()):
         s = np.asarray(h["loss_scale"], dtype=float)
-        ax.step(h["step"], s, where="post", color=_color(name, i), lw=1.5, ls=_ls(name, i), label=name)
         sk = np.asarray(h["skipped"], dtype=bool)
+        ax.step(h["step"], s, where="post", color=_color(name, i), lw=1.5, ls=_ls(name, i),
+                label=f"{name}: {int(sk.sum())} skipped steps")
         if sk.any():
             st = np.asarray(h["step"])[sk]
-            ax.plot(st, s[sk], "v", color=_color(name, i), ms=6, label=f"{name}: {int(sk.sum())} skipped steps")
+            ax.plot(st, s[sk], "v", color=_color(name, i), ms=6, label="_skipped")
         amax = np.asarray(h["grad_amax"], dtype=float)
         bx.plot(h["step"], amax, color=_color(name, i), lw=1.2, ls=_ls(name, i), label=f"{name}: max |scaled gradient|")
     bx.axhline(f16.max, color="#D55E00", ls="--", lw=1.2, label=f"fp16 max {f16.max:g} (overflow above)")
@@ -203,40 +277,79 @@ def plot_loss_scale(histories: Mapping[str, Any], path: str) -> str:
     ax.set_ylabel("loss scale")
     bx.set_ylabel("largest |gradient| x scale")
     bx.set_xlabel("step")
-    ax.set_title("Loss-scale trajectory (triangles: overflow, step skipped) and headroom")
-    ax.legend(fontsize=8)
-    bx.legend(fontsize=7, loc="lower right")
+    any_skip = any(np.asarray(h["skipped"], dtype=bool).any() for h in histories.values())
+    ax.set_title("Loss-scale trajectory " + ("(triangles: overflow, step skipped) " if any_skip else
+                                             "(no overflow: no step skipped) ") + "and headroom")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: over no curve
+    bx.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
     bx.grid(alpha=0.3)
     return _save(fig, path)
 
 
 def plot_lost_updates(histories: Mapping[str, Any], path: str) -> str:
+    """Lost-update share per step on a log axis: the runs without a master copy lose percents, those with
+    one (FP32 weights included) a few in a million, and both must be visible; a run that lost nothing at
+    any step says so in the legend."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(9.5, 4.5))
+    drawn: dict[str, np.ndarray] = {}
     for i, (name, h) in enumerate(histories.items()):
         y = np.asarray(h["lost_update_fraction"], dtype=float)
+        if y.size == 0 or not np.isfinite(y).any():
+            continue
         k = max(1, y.size // 50)
-        ax.plot(h["step"], 100 * _smooth(y, k), color=_color(name, i), lw=1.5, ls=_ls(name, i), label=name)
+        v = 100 * _smooth(np.nan_to_num(y), k)
+        if not (v > 0).any():
+            ax.plot([], [], color=_color(name, i), lw=1.5, ls=_ls(name, i), label=f"{name}: 0 at every step")
+            continue
+        label = _overlap_label(name, v, drawn)
+        drawn[name] = v
+        ax.plot(h["step"], np.where(v > 0, v, np.nan), color=_color(name, i), lw=1.5, ls=_ls(name, i), label=label)
+    ax.set_yscale("log")
     ax.set_xlabel("step")
-    ax.set_ylabel("nonzero weight updates lost to rounding (%)")
-    ax.set_title("Weight updates swallowed by rounding (w + dw == w)")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+    ax.set_ylabel("nonzero weight updates\nlost to rounding (%, log)")
+    ax.set_title("Weight updates swallowed by rounding (w + dw == w; steps with 0 not drawn)", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(alpha=0.3, which="both")
     return _save(fig, path)
 
 
 def plot_qat_ptq(metrics: Mapping[str, Any], path: str, names: list[str]) -> str:
+    """Final held-out loss per policy as points on an axis zoomed to the data (the differences are small
+    against the loss itself, so bars from 0 would flatten them), with fp32 as a reference line and each bit
+    width's QAT − PTQ difference written beside its pair."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    vals = [metrics[n]["final_loss"] for n in names]
-    bars = ax.bar(range(len(names)), vals, color=[_color(n, i) for i, n in enumerate(names)])
-    for b, v in zip(bars, vals):
-        ax.annotate(f"{v:.3f}", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(names)))
+    fig, ax = plt.subplots(figsize=(8, 4.4))
+    vals = np.array([float(metrics[n]["final_loss"]) for n in names])
+    ref = float(metrics["fp32"]["final_loss"]) if "fp32" in names else None
+    x = np.arange(len(names))
+    for i, (n, v) in enumerate(zip(names, vals)):
+        ax.plot(x[i], v, "o", ms=9, color=_color(n, i), mec="#000000", mew=0.6)
+        d = "" if ref is None or n == "fp32" else f"\n({v - ref:+.4f} vs fp32)"
+        ax.annotate(f"{v:.4f}{d}", (x[i], v), xytext=(0, 9), textcoords="offset points", ha="center",
+                    va="bottom", fontsize=8)
+    if ref is not None:
+        ax.axhline(ref, color=_color("fp32", 0), lw=0.9, ls=":", label=f"fp32 {ref:.4f}")
+    for b in sorted({n[3:-4] for n in names if n.startswith("int") and n.endswith(("-qat", "-ptq"))}):
+        q, p = f"int{b}-qat", f"int{b}-ptq"
+        if q in names and p in names:
+            iq, ip = names.index(q), names.index(p)
+            vq, vp = vals[iq], vals[ip]
+            ax.annotate("", (x[ip], vp), (x[iq], vq), arrowprops=dict(arrowstyle="-", color="#777777", lw=0.8,
+                                                                       ls="--"))
+            ax.text((x[iq] + x[ip]) / 2, min(vq, vp), f"QAT − PTQ\n{vq - vp:+.4f}", ha="center", va="top",
+                    fontsize=8, color="#444444")
+    lo, hi = float(vals.min()), float(vals.max())
+    pad = max(hi - lo, 1e-4 * max(abs(hi), 1.0))
+    ax.set_ylim(lo - 0.45 * pad, hi + 0.45 * pad)  # zoomed to the data: the axis does not start at 0
+    ax.set_xticks(x)
     ax.set_xticklabels(names, rotation=20)
-    ax.set_ylabel("final held-out loss (nats/token)")
-    ax.set_title("Quantization-aware training vs post-training quantization")
+    ax.set_xlim(-0.5, len(names) - 0.5)
+    ax.set_ylabel("final held-out loss (nats/token)\n(axis zoomed to the data)")
+    ax.set_title("Quantization-aware training vs post-training quantization", fontsize=10)
+    if ref is not None:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3, axis="y")
     return _save(fig, path)
 
@@ -334,6 +447,7 @@ def lesson_table(policies: Mapping[str, Any], spread: Mapping[str, Any] | None =
     >>> print(lesson_table(P).splitlines()[-1])
     | BF16 mixed precision (FP32 master) vs FP32: final loss | final_loss | bf16-mixed | fp32 | +0.01 | not measured: 1 seed (run `fpsim demo --seeds 3`) |
     """
+    from .cli import DEFAULT_SEEDS
     from .sweep import LESSONS
 
     by = {r["key"]: r for r in (spread or {}).get("lessons", [])}
@@ -345,8 +459,8 @@ def lesson_table(policies: Mapping[str, Any], spread: Mapping[str, Any] | None =
              "the verdict (*beyond seed noise* when the interval excludes 0; details in *Across seeds*)."
              if spread else
              "*beyond seed noise?*: not measured, this demo ran one seed, and one run per policy cannot tell an "
-             "effect from the seed; the full `fpsim demo` trains 3 seeds by default, and `--seeds 3` (or more) "
-             "with `--quick` trains every policy over several seeds and fills this column.") + "\n"),
+             f"effect from the seed; the full `fpsim demo` trains {DEFAULT_SEEDS} seeds by default, and `--seeds 3` "
+             "(or more) with `--quick` trains every policy over several seeds and fills this column.") + "\n"),
          f"| lesson | metric | A | B | A − B (seed {seed}) | beyond seed noise? |", "|---|---|---|---|---|---|"]
     for les in LESSONS:
         if les.a not in policies or les.b not in policies:
@@ -416,6 +530,33 @@ def seed_section(spread: Mapping[str, Any], sweep: Mapping[str, Any] | None = No
 # the checkpointing ledger (fpsim.train.ledger.checkpoint_table)
 # ------------------------------------------------------------------------------------------------------
 
+_MODE_LABELS = {"none": "none", "blocks": "blocks (every block)", "selective": "selective (attention core)",
+                "flash": "flash attention", "flash+blocks": "flash + blocks (every block)"}
+
+
+def _ordinal(k: int) -> str:
+    return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
+
+
+@ieee_mode
+def _checkpoint_mode_label(mode: Any, n_layer: int | None = None) -> str:
+    """A checkpointing mode as a reader reads it: an int k (``GPTConfig.checkpoint=k``) means every k-th
+    block recomputed (blocks 0, k, 2k, ...); the named modes get what they recompute.
+
+    >>> _checkpoint_mode_label("2", 2), _checkpoint_mode_label(3, 7), _checkpoint_mode_label("blocks")
+    ('every 2nd block (block 0 of 2)', 'every 3rd block (blocks 0, 3, 6 of 7)', 'blocks (every block)')
+    """
+    m = str(mode)
+    if not m.isdigit():
+        return _MODE_LABELS.get(m, m)
+    k = int(m)
+    if n_layer is None:
+        return f"every {_ordinal(k)} block"
+    which = [str(i) for i in range(n_layer) if i % k == 0]
+    return (f"every {_ordinal(k)} block ({'block' if len(which) == 1 else 'blocks'} {', '.join(which)} "
+            f"of {n_layer})")
+
+
 @ieee_mode
 def plot_checkpointing(table: Mapping[str, Any], path: str) -> str:
     """Stacked bars: peak activation bytes (device) per checkpointing mode, by kind, with the FLOP ratio."""
@@ -432,7 +573,8 @@ def plot_checkpointing(table: Mapping[str, Any], path: str) -> str:
         left += v
     for j, r in enumerate(rows):
         ax.text(left[j], j, f"  {r['memory_ratio']:.2f}x mem, {r['flops_ratio']:.2f}x FLOPs", va="center", fontsize=8)
-    ax.set_yticks(y, [r["mode"] for r in rows])
+    n_layer = table.get("model", {}).get("n_layer")
+    ax.set_yticks(y, [_checkpoint_mode_label(r["mode"], n_layer).replace(" (", "\n(") for r in rows])
     ax.invert_yaxis()
     ax.set_xlim(0, left.max() * 1.45)
     ax.set_xlabel(f"peak activation MiB held for the backward pass ({table['policy']}, batch {table['batch']} x "
