@@ -484,8 +484,9 @@ def _builtin() -> None:
                            description="FP16 GEMMs and activations, FP32 master weights, dynamic loss scaling"))
     register_policy(Policy("fp16-fast-scaler", **mixed16, loss_scale="dynamic",
                            scaler_kwargs={"growth_interval": 8},
-                           description="as fp16-mixed with growth_interval=8: the scale climbs to the overflow "
-                                       "boundary, then oscillates below it, skipping a step at each overflow"))
+                           description="as fp16-mixed with growth_interval=8: the scale doubles after every 8 clean "
+                                       "steps, so it reaches the overflow boundary (if the run is long enough) "
+                                       "sooner; each overflow skips a step and halves it"))
     register_policy(Policy("fp16-static", **mixed16, loss_scale=1024.0,
                            description="as fp16-mixed with a fixed loss scale of 1024"))
     register_policy(Policy("fp16-no-scaling", **mixed16, loss_scale=None,
