@@ -525,6 +525,11 @@ EXEMPT: dict[str, str] = {
        "calls there are guarded)" for n in [
         "fpsim.nn.recompute.naive_recomputation", "fpsim.nn.recompute.replaying", "fpsim.nn.recompute.tracing",
         "fpsim.nn.saved.core_tensors", "fpsim.nn.saved.saved_tensors"]},
+    **{f"{c}.{n}": "a result record: its fields, comparisons and the sentence that prints them (string "
+       "formatting, no arithmetic on user data)" for c, names in [
+        ("fpsim.train.sweep.Paired", ["__eq__", "__hash__", "__init__", "__repr__", "__str__", "beyond", "sentence"]),
+        ("fpsim.amp.anomaly.Anomaly", ["__eq__", "__hash__", "__init__", "__repr__", "__str__", "cause"])]
+       for n in names},
     **{n: "hypothesis strategy: drawn lazily by hypothesis, outside any call" for n in [
         "fpsim.testing.strategies.arrays", "fpsim.testing.strategies.bit_patterns",
         "fpsim.testing.strategies.from_format", "fpsim.testing.strategies.hard_cases"]},
