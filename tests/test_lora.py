@@ -141,3 +141,42 @@ def test_finetune_comparison_small():
     assert [x["eval_after"] for x in again["runs"]] == [x["eval_after"] for x in r["runs"]]  # deterministic
     with pytest.raises(ValueError, match="method"):
         finetune_comparison(s, seeds=(0,), methods=("adalora",))
+
+
+def test_shifted_task():
+    from fpsim.train.data import get_task
+    from fpsim.train.finetune import FinetuneSettings, ShiftedTask
+
+    base = get_task("sort", n_symbols=8, length=6)
+    x0, y0 = base.batch(np.random.default_rng(3), 16)
+    x3, y3 = ShiftedTask(base, 3).batch(np.random.default_rng(3), 16)
+    L = base.length
+    assert np.array_equal(x3[:, : L + 1], x0[:, : L + 1])                # prompt and separator unchanged
+    assert np.array_equal(y3[:, :L], y0[:, :L]) and (y3[:, :L] == -1).all()
+    assert np.array_equal(y3[:, L:], (y0[:, L:] + 3) % 8)                  # the answer in the shifted alphabet
+    assert np.array_equal(x3[:, L + 1:], y3[:, L:-1])                      # teacher forcing feeds the shifted answer
+    x, y = ShiftedTask(base, 0).batch(np.random.default_rng(3), 16)
+    assert np.array_equal(x, x0) and np.array_equal(y, y0)
+    assert [t.name for t in FinetuneSettings().tasks()] == ["sort", "sort+3"]
+    assert FinetuneSettings(finetune_task="reverse", finetune_shift=0).tasks()[1].name == "reverse"
+    with pytest.raises(ValueError, match="shift"):
+        ShiftedTask(base, 8)
+    with pytest.raises(TypeError, match="shift"):
+        ShiftedTask(base, 1.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="SequenceTask"):
+        ShiftedTask(get_task("modadd"), 1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="finetune_shift"):
+        FinetuneSettings(finetune_task="modadd", task_kwargs={}).tasks()
+
+
+@pytest.mark.slow
+def test_default_settings_learn_both_tasks():
+    """Issue 25: the comparison must measure models that learned (held-out loss well below ln(vocab))."""
+    from fpsim.train.finetune import FinetuneSettings, finetune_comparison
+
+    s = FinetuneSettings()
+    r = finetune_comparison(s, seeds=(0,), methods=("full", "qlora_nf4"))
+    chance = np.log(s.model().vocab_size)
+    assert r["pretrain_task_loss"][0] < chance / 3
+    for run in r["runs"]:
+        assert run["eval_before"] > chance and run["eval_after"] < chance / 3, run["method"]

@@ -1,7 +1,11 @@
 """Fine-tuning in low precision: full fine-tuning vs LoRA vs QLoRA on the tiny GPT, measured side by side.
 
 :func:`finetune_comparison` pretrains the model in FP32 on one task (``sort``), then fine-tunes that
-model on a second task (``reverse``) with each method, for several seeds:
+model on a second task with each method, for several seeds. The default second task is the same skill
+with a new output convention (``sort`` with every answer symbol shifted by 3 mod ``n_symbols``,
+:class:`ShiftedTask`): a pretrained model learns it in a few hundred steps, with LoRA too, whereas a new
+skill (``reverse`` after ``sort``) needs the attention pattern rebuilt, and low-rank adapters learn it far
+more slowly. The methods:
 
 * ``full``: every weight trainable, FP32 weights, AdamW (two FP32 moments per weight);
 * ``lora_bf16`` (and ``lora_fp16``, ``lora_int8``): the base stored in BF16 (FP16; int8 per output
@@ -31,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from .._checks import check_int
 from .._fpenv import ieee_mode
 from .._names import parse_name
 from ..amp import AdamW
@@ -39,9 +44,9 @@ from ..nn.lora import LORA_SITES, LoRAPrecision, lora_init
 from ..quant import NF4Tensor, fake_quantize
 from ..rounding import round as fround
 from ._threads import blas_threads
-from .data import get_task
+from .data import SequenceTask, Task, get_task
 
-__all__ = ["FINETUNE_METHODS", "FinetuneSettings", "finetune", "finetune_comparison", "pretrain",
+__all__ = ["FINETUNE_METHODS", "FinetuneSettings", "ShiftedTask", "finetune", "finetune_comparison", "pretrain",
            "quantize_base"]
 
 #: The methods :func:`finetune` knows.
@@ -49,30 +54,95 @@ FINETUNE_METHODS = ("full", "lora_bf16", "lora_fp16", "lora_int8", "qlora_nf4")
 
 
 @ieee_mode
+class ShiftedTask(Task):
+    """A sequence task whose answer is written in a shifted alphabet: every answer symbol ``a`` becomes
+    ``(a + shift) mod n_symbols`` (the prompt and the separator are unchanged).
+
+    The skill (which input symbol goes where) is the base task's; only the output convention is new,
+    which is what fine-tuning usually teaches. ``shift = 0`` is the base task itself, batch for batch.
+
+    Parameters
+    ----------
+    base : SequenceTask
+        ``copy``, ``reverse`` or ``sort`` (:func:`fpsim.train.get_task`).
+    shift : int
+        The shift, ``0 <= shift < base.n_symbols``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> t = ShiftedTask(get_task("sort", n_symbols=5, length=3), 2)
+    >>> x, y = t.batch(np.random.default_rng(0), 1)
+    >>> x.tolist(), y.tolist()                     # prompt 4 3 2, sorted 2 3 4, shifted by 2 mod 5: 4 0 1
+    ([[4, 3, 2, 5, 4, 0]], [[-1, -1, -1, 4, 0, 1]])
+    """
+
+    def __init__(self, base: SequenceTask, shift: int) -> None:
+        if not isinstance(base, SequenceTask):
+            raise TypeError(f"base must be a SequenceTask (copy, reverse or sort), got {type(base).__name__}")
+        n = base.n_symbols
+        self.base = base
+        self.shift = check_int(shift, "shift", lo=0, hi=n - 1)
+        self.name = f"{base.name}+{self.shift}"
+        self.vocab_size, self.seq_len = base.vocab_size, base.seq_len
+
+    def batch(self, rng: np.random.Generator, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        x, y = self.base.batch(rng, batch_size)
+        L, n = self.base.length, self.base.n_symbols
+        x, y = x.copy(), y.copy()
+        x[:, L + 1:] = (x[:, L + 1:] + self.shift) % n       # the answer fed back (after the separator)
+        y[:, L:] = (y[:, L:] + self.shift) % n               # the answer predicted
+        return x, y
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.base.describe(), "name": self.name, "shift": self.shift}
+
+
+@ieee_mode
 @dataclass(frozen=True)
 class FinetuneSettings:
-    """Tasks, model and hyper-parameters of the comparison (tiny: the notebook runs 3 seeds in < 1 min)."""
+    """Tasks, model and hyper-parameters of the comparison (tiny: the notebook runs 3 seeds in a minute or two).
+
+    The fine-tuning task is ``finetune_task`` with its answers shifted by ``finetune_shift``
+    (:class:`ShiftedTask`; 0: unshifted). LoRA has its own learning rate (``lr_lora``, higher than full
+    fine-tuning's, as LoRA practice uses), rank ``r`` and ``alpha`` (the adapter term is scaled by
+    ``alpha / r``); the defaults come from a sweep on a seed the comparison does not use (notebook 15).
+    """
 
     pretrain_task: str = "sort"
-    finetune_task: str = "reverse"
+    finetune_task: str = "sort"
+    finetune_shift: int = 3
     task_kwargs: dict[str, Any] = field(default_factory=lambda: {"n_symbols": 8, "length": 6})
     n_layer: int = 2
     n_head: int = 4
     n_embd: int = 32
     pretrain_steps: int = 300
-    finetune_steps: int = 150
+    finetune_steps: int = 200
     batch_size: int = 32
     lr_pretrain: float = 3e-3
-    lr_full: float = 1e-3
-    lr_lora: float = 3e-3
-    r: int = 4
-    alpha: float = 8.0
+    lr_full: float = 3e-3
+    lr_lora: float = 1e-2
+    r: int = 8
+    alpha: float = 16.0
     eval_batches: int = 4
 
     def model(self) -> GPTConfig:
         t = get_task(self.pretrain_task, **self.task_kwargs)
         return GPTConfig(vocab_size=t.vocab_size, block_size=t.seq_len, n_layer=self.n_layer,
                          n_head=self.n_head, n_embd=self.n_embd)
+
+    def tasks(self) -> tuple[Task, Task]:
+        """(the pretraining task, the fine-tuning task).
+
+        >>> [t.name for t in FinetuneSettings().tasks()]
+        ['sort', 'sort+3']
+        """
+        ft = get_task(self.finetune_task, **self.task_kwargs)
+        if self.finetune_shift:
+            if not isinstance(ft, SequenceTask):
+                raise ValueError(f"finetune_shift needs a copy, reverse or sort task, got {self.finetune_task!r}")
+            ft = ShiftedTask(ft, self.finetune_shift)
+        return get_task(self.pretrain_task, **self.task_kwargs), ft
 
 
 def _batch(task: Any, seed: int, step: int, b: int) -> tuple[np.ndarray, np.ndarray]:
@@ -96,7 +166,7 @@ def _eval(params: dict[str, np.ndarray], cfg: GPTConfig, task: Any, s: FinetuneS
 def pretrain(s: FinetuneSettings, seed: int = 0) -> dict[str, np.ndarray]:
     """The FP32 base model: ``s.pretrain_steps`` of AdamW on ``s.pretrain_task``."""
     cfg = s.model()
-    task = get_task(s.pretrain_task, **s.task_kwargs)
+    task = s.tasks()[0]
     params = init_params(cfg, seed=seed)
     opt = AdamW(lr=s.lr_pretrain)
     for step in range(s.pretrain_steps):
@@ -142,15 +212,15 @@ def quantize_base(params: dict[str, np.ndarray], cfg: GPTConfig, storage: str
 @ieee_mode
 def finetune(base: dict[str, np.ndarray], s: FinetuneSettings, method: str, seed: int = 0, *,
              prec: Precision = FULL) -> dict[str, Any]:
-    """Fine-tune the pretrained ``base`` on ``s.finetune_task`` with ``method`` (see :data:`FINETUNE_METHODS`).
+    """Fine-tune the pretrained ``base`` on the fine-tuning task (:meth:`FinetuneSettings.tasks`) with
+    ``method`` (see :data:`FINETUNE_METHODS`).
 
     Returns the loss curve, the held-out loss on both tasks before and after, the trainable parameter
     count and the measured bytes (``base``, ``trainable``, ``grads``, ``optimizer``, ``total``).
     """
     method = parse_name(method, FINETUNE_METHODS, "fine-tuning method")
     cfg = s.model()
-    task = get_task(s.finetune_task, **s.task_kwargs)
-    old = get_task(s.pretrain_task, **s.task_kwargs)
+    old, task = s.tasks()
     rng = np.random.default_rng((seed, 77))
     t0 = time.perf_counter()
     curve: list[float] = []
@@ -224,7 +294,7 @@ def finetune_comparison(s: FinetuneSettings | None = None, seeds: Sequence[int] 
     with blas_threads(threads):
         for seed in seeds:
             base = pretrain(s, seed)
-            pre_losses.append(_eval(base, s.model(), get_task(s.pretrain_task, **s.task_kwargs), s, FULL))
+            pre_losses.append(_eval(base, s.model(), s.tasks()[0], s, FULL))
             for m in methods:
                 runs.append(finetune(base, s, m, seed))
     out: dict[str, Any] = {}
