@@ -122,6 +122,15 @@ class FPArray(NDArrayOperatorsMixin):
         self._rng = rng
         self._ctx = ctx if ctx is not None else Context(fmt, mode, rng=rng)
 
+    @staticmethod
+    def __fpsim_op__(name: str, args: tuple[Any, ...]) -> Any:
+        """``fpsim.add(a, b)`` and the others with ``fmt=None`` and an FPArray operand: the operands' format,
+        mode and promotion decide (`fpsim.arith` calls this; it does not import this module)."""
+        if name == "fma":
+            return _fma(*args)
+        uf = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide, "sqrt": np.sqrt}[name]
+        return uf(*args)
+
     # -- construction helpers ---------------------------------------------------------------------
     def _new(self, values: np.ndarray, fmt: Format | None = None) -> FPArray:
         if fmt is None or fmt == self._fmt:
