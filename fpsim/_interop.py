@@ -1,6 +1,6 @@
 """Arrays from other libraries in, the same kind out: the one converter at fpsim's API edge.
 
-Input (:func:`host_array`, called first by ``rounding._as_float_array``, which every entry point uses):
+Input (:func:`host_array`, called first by ``_carrier.as_float_array``, which every entry point uses):
 
 - NumPy and ml_dtypes arrays, NumPy scalars, Python numbers, lists: passed through unchanged (no copy).
 - torch CPU tensors of every dtype. Floating dtypes that NumPy lacks (bfloat16, the float8 types,
@@ -28,6 +28,14 @@ are left alone. ``as_dtype=True`` asks for the result in the library's own dtype
 :class:`ValueError` naming it. With NumPy (or Python) input nothing changes and the wrapper costs a
 type lookup per positional argument. A call given ``out=`` (an ndarray; NumPy's ufunc convention) gets
 that array back untouched, whatever kind of arrays went in, and may not combine it with ``as_dtype=True``.
+
+Storage dtypes: :func:`ml_dtype` names the NumPy or ml_dtypes dtype of a format (``fpsim.bits.ml_dtype``).
+
+Where it sits (the foundation is a line; each module imports only those before it)::
+
+    _names, _checks, _fpenv  ->  formats  ->  _interop  ->  _carrier  ->  _exact  ->  rounding  ->  bits  ->  _grid
+
+It needs no rounding and no bit codec: conversions in and out are exact, or refused.
 """
 
 from __future__ import annotations

@@ -51,17 +51,12 @@ from typing import Any
 
 import numpy as np
 
+from ._carrier import as_float_array as _as_float_array
 from ._checks import check_out
 from ._fpenv import ieee_mode
 from ._interop import returns_input_kind
 from .formats import Format, FormatLike, as_format
-from .rounding import (
-    Overflow,
-    Rounding,
-    RoundingLike,
-    _as_float_array,
-    parse_options,
-)
+from .rounding import Overflow, Rounding, RoundingLike, parse_options
 
 __all__ = ["add", "div", "fma", "mul", "sqrt", "sub", "supports"]
 

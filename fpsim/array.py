@@ -45,11 +45,12 @@ from typing import Any
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
+from ._carrier import as_float_array as _as_float_array
 from ._fpenv import ieee_mode
 from .arith import Context
 from .bits import to_bits
 from .formats import Format, FormatLike, as_format, fp32
-from .rounding import Rounding, RoundingLike, _as_float_array, as_rounding
+from .rounding import Rounding, RoundingLike, as_rounding
 
 __all__ = ["FPArray", "array", "promote_formats"]
 

@@ -16,6 +16,15 @@ The compiled kernel (``fpsim/_ckernel.c``; this module's NumPy kernel is the ref
 e4m3/e5m2 in RNE, RTZ and SR, arrays of 1M+ elements split among ``max_threads`` threads inside one call
 (the GIL released; a static split, so the bits never depend on it) and SR's random words drawn in C in
 element order. ``round(..., out=)`` writes into an existing array (in place allowed).
+
+An int, Fraction or Decimal that no float64 holds is rounded from its exact value by :func:`round_rational`
+(here, since :func:`round` and it call each other; its exact integer steps are in ``fpsim._exact``).
+
+Where it sits (the foundation is a line; each module imports only those before it)::
+
+    _names, _checks, _fpenv  ->  formats  ->  _interop  ->  _carrier  ->  _exact  ->  rounding  ->  bits  ->  _grid
+
+Input is read by the shared rule of ``fpsim._carrier`` (``_as_float_array`` here is that function).
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ import numpy as np
 
 from . import _exact
 from ._carrier import BLOCK as _BLOCK
-from ._carrier import as_float_array as _as_float_array  # also read from here by the layers above
+from ._carrier import as_float_array
 from ._carrier import exact_float as _exact_float
 from ._carrier import exact_value as _exact_value
 from ._checks import check_out
@@ -56,6 +65,8 @@ __all__ = [
 ]
 
 _CHUNK = 1 << 15  # elements per chunk: a few 256 KiB temporaries stay in L2
+
+_as_float_array = as_float_array  # the input rule (fpsim._carrier), under the name the layers above import
 
 
 class Rounding(str, enum.Enum):

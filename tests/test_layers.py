@@ -231,7 +231,7 @@ MODULES = sorted(module_files())
 def test_every_module_has_one_layer() -> None:
     keys = {layer_key(m) for m in MODULES} - {None}
     missing = sorted(k for k in keys if k not in RANK)
-    assert not missing, f"no layer in tests/test_layers.py LAYERS for: {missing} (add each where ARCHITECTURE.md puts it)"
+    assert not missing, f"no layer in LAYERS for {missing}: add each where ARCHITECTURE.md puts it"
     stale = sorted(set(RANK) - keys)
     assert not stale, f"LAYERS names modules that do not exist: {stale}"
     declared = [n for _, names in LAYERS for n in names]
