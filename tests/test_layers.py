@@ -41,8 +41,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 LINES = frozenset({"numbers", "arithmetic"})
 
-# Conveniences on a data class whose implementation lives above it: imported inside the method body only, so
-# the data module stays importable on its own. Each is an explicit, reviewed exception (module -> module).
+# Conveniences: a method whose implementation lives in a module above its class's (Format's value operations,
+# Policy.runtime, Trainer.run's checkpoints), imported inside the method body only, so that the lower module
+# never needs the upper one to load. Each is an explicit, reviewed exception (module -> module); every other
+# deferred import counts like a module-level one.
 CONVENIENCES: frozenset[tuple[str, str]] = frozenset({
     ("fpsim.formats", "fpsim._grid"),  # Format.values/ulp/next_up/next_down round and decode: _grid does it
     ("fpsim.amp.policy", "fpsim.amp.runtime"),  # Policy.runtime(): the stateful object built from the policy
