@@ -1,14 +1,19 @@
-"""Exact rationals in, one correct rounding out: the parser and rounder behind ``fpsim round``.
+"""Exact rationals: text in and out, and the integer arithmetic that rounds them (behind ``fpsim round``).
 
 :func:`parse_decimal` reads a number written as text (decimal, hexadecimal float, ``a/b``) into its exact
-value, never through float64. :func:`round_rational` rounds an exact rational into a format once, with the
-semantics of :func:`fpsim.round` (same overflow policy, flush, signed-zero and format rules): for formats of up
-to 51 bits of precision whose grid lies inside float64's, the rational is first rounded *to odd* onto a grid two
-bits finer than the format's (exact integer arithmetic, a sticky bit), which is a float64, and that float64 is
-handed to :func:`fpsim.round`; the round-to-odd theorem makes the result that of rounding the rational itself,
-in every deterministic mode. Other formats (fp64 itself) are rounded directly with integer arithmetic.
+value, never through float64; :func:`decimal_str`, :func:`fraction_str` and :func:`int_str` write exact values
+back as text of any length. :func:`floor_log2`, :func:`div_pow2`, :func:`is_float64` and :func:`draw_below` are
+the exact integer steps of :func:`fpsim.rounding.round_rational`, which rounds an exact rational once (it lives
+in `rounding` because :func:`fpsim.round` calls it for an int, Fraction or Decimal that no float64 holds).
 
-Layer 0: imports only ``fpsim.formats`` and ``fpsim.rounding``.
+Where it sits (the foundation is a line; each module imports only those before it)::
+
+    _names, _checks, _fpenv  ->  formats  ->  _interop  ->  _carrier  ->  _exact  ->  rounding  ->  bits  ->  _grid
+
+It imports nothing of fpsim.
+
+>>> parse_decimal("0x1.8p1"), fraction_str(parse_decimal("1/3"))
+(Fraction(3, 1), '1/3')
 """
 
 from __future__ import annotations
@@ -22,11 +27,8 @@ from typing import Union
 
 import numpy as np
 
-from .formats import Format, FormatLike, as_format
-from .rounding import Overflow, Rounding, RoundingLike, parse_options
-from .rounding import round as _fround
-
-__all__ = ["parse_decimal", "round_rational", "decimal_str", "fraction_str", "int_str", "MAX_DIGITS", "MAX_EXPONENT"]
+__all__ = ["parse_decimal", "decimal_str", "fraction_str", "int_str", "MAX_DIGITS", "MAX_EXPONENT", "RationalLike",
+           "floor_log2", "div_pow2", "is_float64", "draw_below"]
 
 RationalLike = Union[Fraction, int, float, Decimal]
 
@@ -210,10 +212,10 @@ def fraction_str(q: Fraction) -> str:
 
 
 # --------------------------------------------------------------------------------------------------
-# Rounding
+# Exact integer steps of rounding.round_rational
 
 
-def _floor_log2(num: int, den: int) -> int:
+def floor_log2(num: int, den: int) -> int:
     """floor(log2(num / den)) for positive integers."""
     e = num.bit_length() - den.bit_length()
     if (num << -e if e < 0 else num) < (den << e if e > 0 else den):
@@ -221,29 +223,14 @@ def _floor_log2(num: int, den: int) -> int:
     return e
 
 
-def _div_pow2(num: int, den: int, s: int) -> tuple[int, int, int]:
+def div_pow2(num: int, den: int, s: int) -> tuple[int, int, int]:
     """(m, rem, d) with num / den / 2**s = m + rem / d, 0 <= rem < d."""
     n, d = (num, den << s) if s >= 0 else (num << -s, den)
     m, rem = divmod(n, d)
     return m, rem, d
 
 
-def _overflow_result(fmt: Format, mode: Rounding, overflow: Overflow, neg: bool) -> float:
-    """IEEE 754 §7.4 as fpsim.round applies it to a finite value beyond the format's range (used only where no
-    float64 lies beyond the format's range to hand to fpsim.round: formats with emax = 1023)."""
-    if overflow is Overflow.SATURATE or mode in (Rounding.RTZ, Rounding.RTO):
-        to_inf = False
-    elif mode is Rounding.RUP:
-        to_inf = not neg
-    elif mode is Rounding.RDN:
-        to_inf = neg
-    else:
-        to_inf = True
-    v = (math.inf if fmt.has_inf else math.nan if fmt.has_nan else fmt.max) if to_inf else fmt.max
-    return -v if neg and fmt.signed else (math.nan if neg else v)
-
-
-def _is_float64(num: int, den: int, E: int) -> bool:
+def is_float64(num: int, den: int, E: int) -> bool:
     """Whether num/den (positive, floor(log2) = E, within float64's exponent range) is a float64."""
     if den & (den - 1) or E > 1023:
         return False  # not dyadic, or too large
@@ -252,7 +239,7 @@ def _is_float64(num: int, den: int, E: int) -> bool:
     return k <= -lsb or num % (1 << (k + lsb)) == 0
 
 
-def _draw_below(rem: int, d: int, rng: np.random.Generator) -> bool:
+def draw_below(rem: int, d: int, rng: np.random.Generator) -> bool:
     """True with probability exactly rem/d (0 < rem < d): a uniform U in [0, 1), drawn 64 bits at a time,
     compared with rem/d digit by digit in base 2**64 until they differ."""
     n = rem
@@ -263,110 +250,3 @@ def _draw_below(rem: int, d: int, rng: np.random.Generator) -> bool:
             return w < digit
         if n == 0:
             return False  # U >= rem/d exactly from here on
-
-
-def round_rational(q: RationalLike, fmt: FormatLike, mode: RoundingLike = "rne",
-                   overflow: Overflow | str = "ieee", subnormals: bool = True, *,
-                   rng: np.random.Generator | None = None) -> float:
-    """``q`` rounded once, correctly, into ``fmt``: what :func:`fpsim.round` gives for a float, for any rational.
-
-    Parameters
-    ----------
-    q : fractions.Fraction, int or float
-        The exact value (a float is taken exactly; ``inf``/``nan``/``-0.0`` go to :func:`fpsim.round` as they
-        are). A zero Fraction is +0. Never modified.
-    fmt : Format or str
-        Target format.
-    mode : {"rne", "rna", "rtz", "rup", "rdn", "rto", "sr"}
-        Rounding mode. ``"sr"`` needs ``rng`` and is exact stochastic rounding: up (in magnitude) with
-        probability exactly (|q| - lo) / (hi - lo). A q that is a float64 goes to :func:`fpsim.round` (same
-        seed, same bits as there); any other q compares its fraction with uniform random 64-bit words drawn
-        from ``rng`` until they differ (a different stream from fpsim.round's: same seed, same result).
-    overflow : {"ieee", "saturate"}
-        As for :func:`fpsim.round`.
-    subnormals : bool
-        ``False`` flushes subnormal results to signed zero, as for :func:`fpsim.round`.
-    rng : numpy.random.Generator, optional
-        Random source for ``"sr"`` (required for it, refused for the other modes).
-
-    Returns
-    -------
-    float
-        A value of ``fmt`` (or inf/nan as the format's rules give).
-
-    Examples
-    --------
-    >>> round_rational(parse_decimal("1.00048828125000000001"), "fp16")
-    1.0009765625
-    >>> round_rational(Fraction(1, 10**400), "fp16", "rup") == 2.0**-24
-    True
-    >>> round_rational(Fraction(10**400), "fp64", "rtz")
-    1.7976931348623157e+308
-    """
-    if isinstance(q, (bool, np.bool_)) or not isinstance(q, (numbers.Rational, float, np.floating, Decimal)):
-        raise TypeError(f"round_rational takes a Fraction, int, float or Decimal, got {type(q).__name__}: {q!r}")
-    if isinstance(q, np.floating):  # exactly, longdouble included (float() would round it first)
-        q = float(q) if not np.isfinite(q) else Fraction(*(int(v) for v in q.as_integer_ratio()))
-    elif isinstance(q, np.integer):
-        q = int(q)
-    elif isinstance(q, Decimal) and not q.is_finite():
-        if q.is_snan():
-            raise ValueError(f"round_rational: a signaling NaN ({q!r}) is not a value to round")
-        q = float(q)
-    f, m, ov = parse_options(fmt, mode, overflow, subnormals, rng)
-    if rng is not None and m is not Rounding.SR:
-        raise ValueError(f"rng applies only to rounding='sr', got rounding={m.value!r}")
-
-    def fin(v: float) -> float:
-        return float(_fround(v, f, m, overflow=ov, subnormals=bool(subnormals), rng=rng))
-
-    if isinstance(q, float):
-        if not math.isfinite(q) or q == 0:
-            return fin(q)
-    fq = Fraction(q)
-    if fq == 0:
-        return fin(0.0)
-    neg = fq < 0
-    num, den = abs(fq.numerator), fq.denominator
-    sign = -1.0 if neg else 1.0
-    E = _floor_log2(num, den)
-    if E > f.emax:  # |q| >= 2**(emax+1): beyond every rounding boundary, like any larger value
-        if f.emax <= 1022:
-            return fin(sign * math.ldexp(1.0, f.emax + 1))
-        return _overflow_result(f, m, ov, neg)
-    e = max(E, f.emin)  # exponent of q's binade, or of the subnormal grid below min normal
-    if m is Rounding.SR and E >= -1074 and _is_float64(num, den, E):
-        return fin(sign * (num / den))  # a float64 (int / int is exact here): fpsim.round's own SR stream
-    if f.p <= 51 and f.emin - f.mbits - 2 >= -1074 and m is not Rounding.SR:
-        # Round to odd onto a grid two bits finer: a float64 (< 2**53 multiples of 2**s >= 2**-1074) in the
-        # same open interval between format values, on the same side of each midpoint, exact iff q is.
-        s = e - f.mbits - 2
-        mi, rem, _ = _div_pow2(num, den, s)
-        return fin(sign * math.ldexp(float(mi | (rem != 0)), s))
-    # Direct rounding on the format's own grid (p >= 52 or a grid reaching below float64's).
-    s = e - f.mbits
-    mi, rem, d = _div_pow2(num, den, s)
-    if rem:
-        if m is Rounding.RTZ:
-            up = False
-        elif m is Rounding.RUP:
-            up = not neg
-        elif m is Rounding.RDN:
-            up = neg
-        elif m is Rounding.RTO:
-            up = mi % 2 == 0
-        elif m is Rounding.SR:
-            assert rng is not None
-            up = _draw_below(rem, d, rng)
-        else:
-            c = 2 * rem - d
-            up = c > 0 or (c == 0 and (m is Rounding.RNA or mi % 2 == 1))
-        mi += up
-    if mi == 0:
-        # q rounded to zero: signed zero (fpsim.round applies fnuz); a format without zero clamps to its minimum
-        return fin(sign * (0.0 if f.has_zero else f.min_normal))
-    if Fraction(mi) * Fraction(2) ** s > Fraction(f.max):
-        if f.emax <= 1022:
-            return fin(sign * math.ldexp(1.0, f.emax + 1))
-        return _overflow_result(f, m, ov, neg)
-    return fin(sign * math.ldexp(float(mi), s))  # a value of the format, hence a float64: fin applies flush/fnuz

@@ -1,6 +1,6 @@
 """Arrays from other libraries in, the same kind out: the one converter at fpsim's API edge.
 
-Input (:func:`host_array`, called first by ``rounding._as_float_array``, which every entry point uses):
+Input (:func:`host_array`, called first by ``_carrier.as_float_array``, which every entry point uses):
 
 - NumPy and ml_dtypes arrays, NumPy scalars, Python numbers, lists: passed through unchanged (no copy).
 - torch CPU tensors of every dtype. Floating dtypes that NumPy lacks (bfloat16, the float8 types,
@@ -28,6 +28,14 @@ are left alone. ``as_dtype=True`` asks for the result in the library's own dtype
 :class:`ValueError` naming it. With NumPy (or Python) input nothing changes and the wrapper costs a
 type lookup per positional argument. A call given ``out=`` (an ndarray; NumPy's ufunc convention) gets
 that array back untouched, whatever kind of arrays went in, and may not combine it with ``as_dtype=True``.
+
+Storage dtypes: :func:`ml_dtype` names the NumPy or ml_dtypes dtype of a format (``fpsim.bits.ml_dtype``).
+
+Where it sits (the foundation is a line; each module imports only those before it)::
+
+    _names, _checks, _fpenv  ->  formats  ->  _interop  ->  _carrier  ->  _exact  ->  rounding  ->  bits  ->  _grid
+
+It needs no rounding and no bit codec: conversions in and out are exact, or refused.
 """
 
 from __future__ import annotations
@@ -40,7 +48,9 @@ from typing import Any, TypeVar, cast, overload
 
 import numpy as np
 
-__all__ = ["as_array", "host_array", "returns_input_kind", "input_kind", "TORCH_FORMATS"]
+from .formats import FormatLike, as_format
+
+__all__ = ["as_array", "host_array", "returns_input_kind", "input_kind", "ml_dtype", "ML_NAMES", "TORCH_FORMATS"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -254,16 +264,46 @@ def as_array(x: Any, name: str = "x", *, carrier: bool = False) -> np.ndarray:
 # --------------------------------------------------------------------------------------------- output
 
 
-def _format_of(fmt: Any) -> Any:
-    from .formats import as_format  # same layer; formats imports little
+ML_NAMES = {
+    "fp64": "float64",
+    "fp32": "float32",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    "fp8_e4m3": "float8_e4m3fn",
+    "fp8_e5m2": "float8_e5m2",
+    "fp8_e4m3fnuz": "float8_e4m3fnuz",
+    "fp8_e5m2fnuz": "float8_e5m2fnuz",
+    "fp6_e2m3": "float6_e2m3fn",
+    "fp6_e3m2": "float6_e3m2fn",
+    "fp4_e2m1": "float4_e2m1fn",
+    "e8m0": "float8_e8m0fnu",
+    "fp8_e4m3_ieee": "float8_e4m3",
+    "fp8_e3m4": "float8_e3m4",
+    "fp8_e4m3b11fnuz": "float8_e4m3b11fnuz",
+}
 
+
+def ml_dtype(fmt: FormatLike) -> np.dtype:
+    """The NumPy or ml_dtypes dtype storing ``fmt`` (``ValueError`` for formats with none, e.g. tf32)."""
+    f = as_format(fmt)
+    name = ML_NAMES.get(f.name)
+    if name is None:
+        raise ValueError(f"{f.name} has no NumPy/ml_dtypes storage type; formats that do: {', '.join(ML_NAMES)}")
+    if hasattr(np, name) and name.startswith("float") and name in ("float64", "float32", "float16"):
+        dt: np.dtype = np.dtype(getattr(np, name))
+        return dt
+    import ml_dtypes
+
+    mdt: np.dtype = np.dtype(getattr(ml_dtypes, name))
+    return mdt
+
+
+def _format_of(fmt: Any) -> Any:
     return as_format(fmt)
 
 
 def _ml_type_for(fmt: Any) -> Any:
     """The NumPy or ml_dtypes type holding ``fmt`` exactly, or None."""
-    from .bits import ml_dtype
-
     try:
         return np.dtype(ml_dtype(fmt))
     except (ValueError, TypeError):

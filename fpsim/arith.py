@@ -51,17 +51,12 @@ from typing import Any
 
 import numpy as np
 
+from ._carrier import as_float_array as _as_float_array
 from ._checks import check_out
 from ._fpenv import ieee_mode
 from ._interop import returns_input_kind
 from .formats import Format, FormatLike, as_format
-from .rounding import (
-    Overflow,
-    Rounding,
-    RoundingLike,
-    _as_float_array,
-    parse_options,
-)
+from .rounding import Overflow, Rounding, RoundingLike, parse_options
 
 __all__ = ["add", "div", "fma", "mul", "sqrt", "sub", "supports"]
 
@@ -415,15 +410,14 @@ def _fma_scaled(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
 
 
 def _fparray_op(name: str, args: tuple[Any, ...]) -> Any:
-    """``fmt=None``: the operands' FPArray format, mode and promotion decide (see fpsim.array)."""
-    from .array import FPArray, _fma  # same layer; imported lazily (array.py builds on this module)
+    """``fmt=None``: the operands' FPArray format, mode and promotion decide (see fpsim.array).
 
-    if not any(isinstance(x, FPArray) for x in args):
+    An operand whose type defines ``__fpsim_op__(name, args)`` (:class:`fpsim.FPArray` does) carries its own
+    arithmetic; this module, below `array`, asks the operand instead of importing it."""
+    owner = next((type(x) for x in args if hasattr(type(x), "__fpsim_op__")), None)
+    if owner is None:
         raise TypeError(f"{name}: fmt is required unless an operand is an FPArray")
-    if name == "fma":
-        return _fma(*args)
-    uf = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide, "sqrt": np.sqrt}[name]
-    return uf(*args)
+    return owner.__fpsim_op__(name, args)
 
 
 def _parse(fmt: FormatLike, rounding: RoundingLike, overflow: Overflow | str, subnormals: bool,

@@ -45,11 +45,12 @@ from typing import Any
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
+from ._carrier import as_float_array as _as_float_array
 from ._fpenv import ieee_mode
 from .arith import Context
 from .bits import to_bits
 from .formats import Format, FormatLike, as_format, fp32
-from .rounding import Rounding, RoundingLike, _as_float_array, as_rounding
+from .rounding import Rounding, RoundingLike, as_rounding
 
 __all__ = ["FPArray", "array", "promote_formats"]
 
@@ -121,6 +122,15 @@ class FPArray(NDArrayOperatorsMixin):
         self._block = block
         self._rng = rng
         self._ctx = ctx if ctx is not None else Context(fmt, mode, rng=rng)
+
+    @staticmethod
+    def __fpsim_op__(name: str, args: tuple[Any, ...]) -> Any:
+        """``fpsim.add(a, b)`` and the others with ``fmt=None`` and an FPArray operand: the operands' format,
+        mode and promotion decide (`fpsim.arith` calls this; it does not import this module)."""
+        if name == "fma":
+            return _fma(*args)
+        uf = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide, "sqrt": np.sqrt}[name]
+        return uf(*args)
 
     # -- construction helpers ---------------------------------------------------------------------
     def _new(self, values: np.ndarray, fmt: Format | None = None) -> FPArray:

@@ -1,4 +1,11 @@
-"""Bit patterns: encode rounded values into a format's codes and decode codes back to values."""
+"""Bit patterns: encode rounded values into a format's codes and decode codes back to values.
+
+Where it sits (the foundation is a line; each module imports only those before it)::
+
+    _names, _checks, _fpenv  ->  formats  ->  _interop  ->  _carrier  ->  _exact  ->  rounding  ->  bits  ->  _grid
+
+It rounds through `rounding`'s public functions and reads input by the shared rule of `_carrier`.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +14,13 @@ from typing import Any
 
 import numpy as np
 
+from . import rounding as _rounding
+from ._carrier import BLOCK, as_float_array, exact_value, refuse_masked
 from ._fpenv import ieee_mode
-from ._interop import host_array, returns_input_kind
+from ._interop import ML_NAMES as _ML_NAMES  # noqa: F401 - the formats that have a storage dtype (tests read it here)
+from ._interop import host_array, ml_dtype, returns_input_kind
 from .formats import Format, FormatLike, NaNEncoding, as_format
-from .rounding import (_BLOCK, Overflow, RoundingLike, _as_float_array, _exact_value, _refuse_masked, _round_array,
-                       parse_options, round)
+from .rounding import Overflow, RoundingLike, parse_options, round
 
 __all__ = ["to_bits", "from_bits", "bits_str", "to_ml_dtypes", "ml_dtype", "code_dtype"]
 
@@ -44,9 +53,7 @@ _CPUS = min(os.cpu_count() or 1, 8)
 
 def _threads() -> int:
     """Threads for the compiled encoder: ``fpsim.rounding.max_threads`` (None: one per CPU, at most 8)."""
-    from . import rounding as _r
-
-    return int(_r.max_threads) if _r.max_threads is not None else _CPUS
+    return int(_rounding.max_threads) if _rounding.max_threads is not None else _CPUS
 
 
 def _code_table(f: Format) -> np.ndarray:
@@ -144,11 +151,11 @@ def to_bits(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, overflow
     ('0x3f80', '0xc0')
     """
     f, mode, ov = parse_options(fmt, rounding, overflow, subnormals, rng, sr_bits)
-    if np.isscalar(x) and not isinstance(x, (str, bytes, float, np.floating)) and _exact_value(x) is not None:
+    if np.isscalar(x) and not isinstance(x, (str, bytes, float, np.floating)) and exact_value(x) is not None:
         # an int, Fraction or Decimal scalar: round() takes it exactly
         r = round(x, f, mode, overflow=ov, subnormals=subnormals, rng=rng, sr_bits=sr_bits)
         return _encode(np.asarray(r, dtype=np.float64), f)[()]
-    a, _ = _as_float_array(x)
+    a, _ = as_float_array(x)
     flat = a.reshape(-1)
     out: np.ndarray = np.empty(flat.size, dtype=code_dtype(f))
     srb = None if sr_bits is None else int(sr_bits)
@@ -156,9 +163,9 @@ def to_bits(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, overflow
     # SR draws the same random words as one round() call of the whole array.
     fast = use_c_bits and _carith is not None and (_c_encodable(f) or (f.width <= 8 and f.fits_float32))
     # compiled: larger blocks (one rounded block of at most 2 MiB is the only temporary), fewer calls
-    step = _BLOCK * 4 if fast else _BLOCK
+    step = BLOCK * 4 if fast else BLOCK
     for i in range(0, flat.size, step):
-        r = _round_array(flat[i : i + step], f, mode, ov, bool(subnormals), rng, srb)
+        r = round(flat[i : i + step], f, mode, overflow=ov, subnormals=bool(subnormals), rng=rng, sr_bits=srb)
         if not (fast and _encode_c(r, f, out[i : i + step])):
             out[i : i + step] = _encode(r, f)  # the reference (it raises for values it cannot encode)
     codes = out.reshape(a.shape)
@@ -175,7 +182,7 @@ def from_bits(codes: Any, fmt: FormatLike, *, as_dtype: bool = False) -> Any:
     (448.0, nan)
     """
     f = as_format(fmt)
-    _refuse_masked(codes, "codes")
+    refuse_masked(codes, "codes")
     c = np.asarray(host_array(codes, "codes"))  # the one converter: torch/JAX codes, device arrays refused
     if c.dtype.kind == "O":  # Python ints too large for int64: name the first that does not fit
         for v in c.reshape(-1):
@@ -191,8 +198,8 @@ def from_bits(codes: Any, fmt: FormatLike, *, as_dtype: bool = False) -> Any:
     # Block by block: the decoding's temporaries stay a few MiB (not ~7x the float64 result).
     flat = c.reshape(-1)
     out = np.empty(flat.size, dtype=np.float64)
-    for i in range(0, flat.size, _BLOCK):
-        out[i : i + _BLOCK] = _decode_block(flat[i : i + _BLOCK], f)
+    for i in range(0, flat.size, BLOCK):
+        out[i : i + BLOCK] = _decode_block(flat[i : i + BLOCK], f)
     return out.reshape(c.shape)
 
 
@@ -271,40 +278,6 @@ def bits_str(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, sep: st
     return np.array([one(int(c)) for c in codes.ravel()], dtype=object).reshape(codes.shape)
 
 
-_ML_NAMES = {
-    "fp64": "float64",
-    "fp32": "float32",
-    "fp16": "float16",
-    "bf16": "bfloat16",
-    "fp8_e4m3": "float8_e4m3fn",
-    "fp8_e5m2": "float8_e5m2",
-    "fp8_e4m3fnuz": "float8_e4m3fnuz",
-    "fp8_e5m2fnuz": "float8_e5m2fnuz",
-    "fp6_e2m3": "float6_e2m3fn",
-    "fp6_e3m2": "float6_e3m2fn",
-    "fp4_e2m1": "float4_e2m1fn",
-    "e8m0": "float8_e8m0fnu",
-    "fp8_e4m3_ieee": "float8_e4m3",
-    "fp8_e3m4": "float8_e3m4",
-    "fp8_e4m3b11fnuz": "float8_e4m3b11fnuz",
-}
-
-
-def ml_dtype(fmt: FormatLike) -> np.dtype:
-    """The NumPy or ml_dtypes dtype storing ``fmt`` (``ValueError`` for formats with none, e.g. tf32)."""
-    f = as_format(fmt)
-    name = _ML_NAMES.get(f.name)
-    if name is None:
-        raise ValueError(f"{f.name} has no NumPy/ml_dtypes storage type; formats that do: {', '.join(_ML_NAMES)}")
-    if hasattr(np, name) and name.startswith("float") and name in ("float64", "float32", "float16"):
-        dt: np.dtype = np.dtype(getattr(np, name))
-        return dt
-    import ml_dtypes
-
-    mdt: np.dtype = np.dtype(getattr(ml_dtypes, name))
-    return mdt
-
-
 @ieee_mode
 def to_ml_dtypes(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, overflow: Overflow | str = "ieee",
                  subnormals: bool = True, rng: np.random.Generator | None = None, sr_bits: int | None = None) -> np.ndarray:
@@ -322,4 +295,3 @@ def to_ml_dtypes(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, ove
     return codes.astype(storage).view(dt)
 
 
-_ = _as_float_array  # re-exported for the arithmetic layer

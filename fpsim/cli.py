@@ -15,8 +15,9 @@ import numpy as np
 from ._cliargs import CommandError, json_text, nonneg_int
 from ._cliargs import flag_value as _flag
 from ._cliargs import printable
-from ._exact import decimal_str, fraction_str, parse_decimal, round_rational
+from ._exact import decimal_str, fraction_str, parse_decimal
 from ._fpenv import ieee_mode
+from .rounding import round_rational
 
 __all__ = ["main", "round_result", "ROUND_JSON_KEYS"]
 

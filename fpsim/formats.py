@@ -3,6 +3,15 @@
 Every limit is derived from a handful of defining fields (exponent bits, mantissa bits, bias and the
 special-value flags), never tabulated by hand. Formats are parsed once at the API edge with
 :func:`as_format`; code below the edge works with `Format` objects and their capability flags.
+
+Where it sits (the foundation is a line; each module imports only those before it)::
+
+    _names, _checks, _fpenv  ->  formats  ->  _interop  ->  _carrier  ->  _exact  ->  rounding  ->  bits  ->  _grid
+
+This module is data and derivations: at module level it imports nothing of fpsim but ``_names`` and ``_fpenv``.
+The value-level conveniences (:meth:`Format.values`, :meth:`Format.ulp`, :meth:`Format.next_up`,
+:meth:`Format.next_down`) need the rounding kernel and the bit codec, so their implementations live in
+``fpsim._grid`` and each method imports it in its body when called.
 """
 
 from __future__ import annotations
@@ -68,15 +77,6 @@ def _pow2(e: int) -> float:
     if e < -1074:
         return 0.0
     return float(struct.unpack("<d", struct.pack("<Q", 1 << (e + 1074)))[0])
-
-
-def _float_input(x: Any) -> np.ndarray:
-    """``x`` as float64 by the one input rule of the rounding layer (kinds, exactness, byte order)."""
-    from .rounding import _as_float_array  # rounding imports this module
-
-    a, _ = _as_float_array(x)
-    with np.errstate(invalid="ignore"):  # widening a signalling NaN warns; it stays NaN
-        return np.asarray(a, dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -296,15 +296,9 @@ class Format:
         >>> fpsim.fp4_e2m1.values().tolist()
         [-6.0, -4.0, -3.0, -2.0, -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
         """
-        if self.width > 16:
-            raise ValueError(f"values() enumerates formats of up to 16 bits; {self.name} has {self.width}")
-        from .bits import from_bits
+        from ._grid import values  # a convenience: the implementation decodes codes, above this module
 
-        v = from_bits(np.arange(1 << self.width, dtype=np.uint32), self)
-        v = v[~np.isnan(v)]
-        if finite:
-            v = v[np.isfinite(v)]
-        return np.unique(v + 0.0)  # +0.0 folds -0 into 0
+        return values(self, finite=finite)
 
     @ieee_mode
     def ulp(self, x: Any) -> Any:
@@ -315,24 +309,9 @@ class Format:
         >>> float(fpsim.bf16.ulp(1.0)), float(fpsim.fp16.ulp(0.0)), float(fpsim.fp16.ulp(float("nan")))
         (0.0078125, 5.960464477539063e-08, nan)
         """
-        a = np.abs(_float_input(x))
-        fin = np.isfinite(a)
-        a = np.where(fin, a, 1.0)  # frexp of inf/NaN is meaningless; replaced by NaN below
-        with np.errstate(divide="ignore"):
-            e = np.where(a > 0, np.frexp(a)[1] - 1, self.emin)
-        e = np.clip(e, self.emin, self.emax)
-        out = np.ldexp(1.0, (e - self.mbits).astype(np.int32))
-        if not self.subnormals:
-            out = np.where(a < self.min_normal, self.min_normal, out)
-        out = np.where(fin, out, np.nan)
-        return out[()] if out.ndim == 0 else out
+        from ._grid import ulp  # a convenience: the implementation reads input, above this module
 
-    @property
-    def _lowest(self) -> float:
-        """The least value: ``-max``, or for an unsigned format 0 (or ``min_normal`` without zero)."""
-        if self.signed:
-            return -self.max
-        return 0.0 if self.has_zero else self.min_normal
+        return ulp(self, x)
 
     @ieee_mode
     def next_up(self, x: Any) -> Any:
@@ -345,7 +324,9 @@ class Format:
         >>> float(fpsim.fp16.next_up(1.0)), float(fpsim.fp16.next_up(-float("inf")))
         (1.0009765625, -65504.0)
         """
-        return self._neighbour(x, up=True)
+        from ._grid import neighbour  # a convenience: the implementation rounds, above this module
+
+        return neighbour(self, x, up=True)
 
     @ieee_mode
     def next_down(self, x: Any) -> Any:
@@ -358,44 +339,9 @@ class Format:
         >>> float(fpsim.fp16.next_down(1.0)), float(fpsim.fp16.next_down(float("inf")))
         (0.99951171875, 65504.0)
         """
-        return self._neighbour(x, up=False)
+        from ._grid import neighbour  # a convenience: the implementation rounds, above this module
 
-    def _neighbour(self, x: Any, *, up: bool) -> Any:
-        """nextUp (``up``) or nextDown: one walk, the direction ``d`` = +1 or -1."""
-        from .rounding import round as _round
-
-        xa = _float_input(x)
-        d = 1.0 if up else -1.0
-        lo, hi = self._lowest, self.max
-        if up:  # beyond max: +inf, or NaN where no value is greater
-            mid = (xa >= lo) & (xa < hi)  # False for NaN
-            r = np.where(xa < lo, lo, np.where(xa >= hi, np.inf if self.has_inf else np.nan, np.nan))
-        else:  # below the least value: -inf, or NaN where no value is less
-            mid = (xa > lo) & (xa <= hi)
-            r = np.where(xa > hi, hi, np.where(xa <= lo, -np.inf if (self.has_inf and self.signed) else np.nan,
-                                               np.nan))
-        if np.any(mid):
-            xm = xa[mid]
-            rm = np.asarray(_round(xm, self, "rup" if up else "rdn", overflow="saturate"), dtype=np.float64)
-            same = rm == xm
-            if np.any(same):  # x is a value: one step in direction d (away from zero: ulp; toward: ulp below)
-                rs = rm[same]
-                away = (d * rs > 0) | (rs == 0)
-                step = np.where(away, self.ulp(rs), self._ulp_below(np.abs(rs)))
-                bumped = np.asarray(_round(rs + d * step, self, "rne"), dtype=np.float64)
-                rm[same] = np.where(rs == 0, d * self.min_subnormal, bumped)
-            if not self.subnormals:  # round() flushes after rounding; the format simply has no values there
-                tiny = (xm != 0) & (np.abs(xm) < self.min_normal)
-                rm[tiny] = np.where(d * xm[tiny] > 0, d * self.min_normal, 0.0)
-            r[mid] = rm
-        return r[()] if r.ndim == 0 else r
-
-    def _ulp_below(self, a: np.ndarray) -> np.ndarray:
-        """Gap between positive representable ``a`` and its lower neighbour."""
-        m, e = np.frexp(a)
-        is_pow2 = (m == 0.5) & (e - 1 > self.emin)
-        u = np.asarray(self.ulp(a), dtype=np.float64)
-        return np.where(is_pow2, u / 2, u)
+        return neighbour(self, x, up=False)
 
     # -- display --------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:

@@ -16,6 +16,15 @@ The compiled kernel (``fpsim/_ckernel.c``; this module's NumPy kernel is the ref
 e4m3/e5m2 in RNE, RTZ and SR, arrays of 1M+ elements split among ``max_threads`` threads inside one call
 (the GIL released; a static split, so the bits never depend on it) and SR's random words drawn in C in
 element order. ``round(..., out=)`` writes into an existing array (in place allowed).
+
+An int, Fraction or Decimal that no float64 holds is rounded from its exact value by :func:`round_rational`
+(here, since :func:`round` and it call each other; its exact integer steps are in ``fpsim._exact``).
+
+Where it sits (the foundation is a line; each module imports only those before it)::
+
+    _names, _checks, _fpenv  ->  formats  ->  _interop  ->  _carrier  ->  _exact  ->  rounding  ->  bits  ->  _grid
+
+Input is read by the shared rule of ``fpsim._carrier`` (``_as_float_array`` here is that function).
 """
 
 from __future__ import annotations
@@ -25,16 +34,21 @@ import decimal
 import enum
 import fractions
 import math
+import numbers
 import os
-import sys
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar, Union
 
 import numpy as np
 
+from . import _exact
+from ._carrier import BLOCK as _BLOCK
+from ._carrier import as_float_array
+from ._carrier import exact_float as _exact_float
+from ._carrier import exact_value as _exact_value
 from ._checks import check_out
 from ._fpenv import ieee_mode
-from ._interop import host_array, returns_input_kind
+from ._interop import returns_input_kind
 from ._names import parse_name
 from .formats import Format, FormatLike, as_format
 
@@ -51,9 +65,8 @@ __all__ = [
 ]
 
 _CHUNK = 1 << 15  # elements per chunk: a few 256 KiB temporaries stay in L2
-# Elements per block of the entry points that work block by block (to_bits, analyze): bounds their
-# temporaries to a few MiB. Even, so that SR assigns every element the random word one round() call would.
-_BLOCK = 1 << 16
+
+_as_float_array = as_float_array  # the input rule (fpsim._carrier), under the name the layers above import
 
 
 class Rounding(str, enum.Enum):
@@ -382,152 +395,6 @@ def _kernel(bits: np.ndarray, pl: _Plan, rng: np.random.Generator | None, rand: 
     return r | sign
 
 
-# --------------------------------------------------------------------------------------------------
-# Input handling
-
-_MAX_EXACT_INT = 2**53
-_EXACT_HINT = " (fpsim.round rounds an int, Fraction or Decimal scalar exactly)"
-
-
-def _exact_value(v: object) -> fractions.Fraction | float | None:
-    """The exact value of an int (not bool), Fraction or Decimal as a Fraction (a float for a
-    non-finite Decimal); None for anything else."""
-    if isinstance(v, (bool, np.bool_, np.timedelta64)):  # timedelta64 subclasses np.signedinteger
-        return None
-    if isinstance(v, (int, np.integer)):
-        return fractions.Fraction(int(v))
-    if isinstance(v, fractions.Fraction):
-        return v
-    if isinstance(v, decimal.Decimal):
-        if v.is_nan():
-            return math.nan
-        if v.is_infinite():
-            return -math.inf if v.is_signed() else math.inf
-        if v.is_zero():
-            return -0.0 if v.is_signed() else 0.0
-        # Decimal('1e999999999') would be a billion-digit integer. Every format lies inside
-        # (10**-400, 10**400) with its smallest subnormal above 2 * 10**-400, so a value beyond rounds
-        # in every mode exactly as the bound does.
-        sign = -1 if v.is_signed() else 1
-        if v.adjusted() > 400:
-            return fractions.Fraction(sign * 10**400)
-        if v.adjusted() < -400:
-            return fractions.Fraction(sign, 10**400)
-        return fractions.Fraction(v)
-    return None
-
-
-def _exact_float(q: fractions.Fraction | float) -> float | None:
-    """``q`` as a float64 when that is exact, else None."""
-    if isinstance(q, float):
-        return q
-    try:
-        f = q.numerator / q.denominator  # int true division: correctly rounded
-    except OverflowError:
-        return None
-    return f if fractions.Fraction(f) == q else None
-
-
-def _object_to_float(a: np.ndarray, name: str) -> np.ndarray:
-    """An object array of floats, ints, Fractions and Decimals as float64, exactly or not at all."""
-    out = np.empty(a.shape, dtype=np.float64)
-    flat = out.reshape(-1)
-    for i, v in enumerate(a.reshape(-1)):
-        if isinstance(v, (float, np.floating)) and not isinstance(v, np.longdouble):
-            flat[i] = v
-            continue
-        q = _exact_value(v)
-        if q is None:
-            raise TypeError(f"{name} must be a real number or array of them, got {type(v).__name__}: {v!r}")
-        f = _exact_float(q)
-        if f is None:
-            raise ValueError(f"{name}: {v!r} cannot be held exactly in float64{_EXACT_HINT}")
-        flat[i] = f
-    return out
-
-
-def _refuse_masked(x: object, name: str) -> None:
-    """Masked arrays are refused rather than honoured: every result and reduction would need a mask rule
-    of its own, and dropping the mask (what np.asarray does) silently rounds the hidden values as data."""
-    ma = sys.modules.get("numpy.ma")  # no masked array can exist before numpy.ma is imported
-    if ma is not None and isinstance(x, ma.MaskedArray):
-        raise TypeError(f"{name}: masked arrays are not supported; pass {name}.filled(value) or {name}.compressed()")
-
-
-_WIDEN: dict[np.dtype[Any], np.ndarray] = {}
-
-
-def _widening_table(dt: np.dtype[Any]) -> np.ndarray:
-    """float64 value of every code of an 8-bit ml_dtypes type, as ml_dtypes itself widens it (so the table
-    gives exactly its bits, NaNs included)."""
-    t = _WIDEN.get(dt)
-    if t is None:
-        t = _WIDEN[dt] = np.arange(256, dtype=np.uint8).view(dt).astype(np.float64)
-    return t
-
-
-def _as_float_array(x: Any, name: str = "x") -> tuple[np.ndarray, bool]:
-    """Convert input to a native-order float32 or float64 array without rounding.
-
-    Returns (array, was_scalar). The caller's object is never written to.
-    """
-    scalar = np.isscalar(x)
-    if isinstance(x, (bool, np.bool_)):
-        raise TypeError(f"{name} must be numeric, got a bool: {x!r}")
-    _refuse_masked(x, name)
-    if isinstance(x, (str, bytes, bytearray)):
-        raise TypeError(f"{name} must be numeric, got {type(x).__name__}: {x!r}")
-    if isinstance(x, (complex, np.complexfloating)):
-        raise TypeError(f"{name} must be real, got a complex value: {x!r}")
-    if not isinstance(x, np.ndarray):  # torch, JAX, CuPy, array API, DLPack: exactly, CPU only (_interop)
-        x = host_array(x, name)
-    if not isinstance(x, np.ndarray) and hasattr(x, "__array__") and not isinstance(x, (list, tuple)):
-        x = np.asarray(x)
-    a = np.asarray(x)
-    k = a.dtype.kind
-    if k == "f":
-        if a.dtype.itemsize > 8:
-            raise TypeError(f"{name}: {a.dtype} input is not supported (float16, float32, float64 are)")
-        if a.dtype.itemsize in (4, 8):  # float32/float64 of either byte order: native order, same width
-            return a.astype(a.dtype.newbyteorder("="), copy=False), scalar
-        return a.astype(np.float64), scalar  # float16: exact
-    if k == "V":
-        if a.dtype.names is not None:  # a structured array would be read as its first field
-            raise TypeError(f"{name} must be a real number or array of them, got structured dtype {a.dtype}")
-        # ml_dtypes types (kind 'V' in NumPy): every one widens exactly to float64.
-        try:
-            if a.dtype.itemsize == 1 and a.size >= 4096:  # 8-bit types: a 256-entry table, ~3x ml_dtypes' cast
-                return _widening_table(a.dtype)[a.view(np.uint8)], scalar
-            return a.astype(np.float64), scalar
-        except (TypeError, ValueError):
-            raise TypeError(f"{name}: cannot convert dtype {a.dtype} to float") from None
-    if k in "iu":
-        f = a.astype(np.float64)
-        if a.size and np.iinfo(a.dtype).max > _MAX_EXACT_INT:
-            lim = a.dtype.type(_MAX_EXACT_INT)  # compare as integers: exact
-            big = (a > lim) | (a < -lim) if k == "i" else a > lim
-            if np.any(big):
-                ab, fb = a[big], f[big]
-                # exact iff the float64 converts back to the same integer; one at or past the type's
-                # range (2**63, 2**64 after rounding up) cannot equal it
-                ok = (fb < 2.0**63) & (fb >= -(2.0**63)) if k == "i" else fb < 2.0**64
-                back = np.zeros_like(ab)
-                back[ok] = fb[ok].astype(a.dtype)
-                inexact = ~ok | (back != ab)
-                if np.any(inexact):
-                    bad = int(ab[inexact][0])
-                    raise ValueError(f"{name}: integer {bad} exceeds 2**53 in magnitude and cannot be held exactly "
-                                     f"in float64{_EXACT_HINT}")
-        return f, scalar
-    if k == "O":
-        return _object_to_float(a, name), scalar
-    if k == "b":
-        raise TypeError(f"{name} must be numeric, got a boolean array")
-    if k == "c":
-        raise TypeError(f"{name} must be real, got dtype {a.dtype}")
-    raise TypeError(f"{name} must be a real number or array of them, got dtype {a.dtype}")
-
-
 try:  # the C kernel (built at install time); the NumPy kernel above is the reference and fallback
     from . import _ckernel  # type: ignore[attr-defined]
 
@@ -717,6 +584,134 @@ def _round_array_impl(a: np.ndarray, fmt: Format, mode: Rounding, overflow: Over
     return r.reshape(a.shape)
 
 
+# --------------------------------------------------------------------------------------------------
+# Exact rationals
+
+
+def _overflow_result(fmt: Format, mode: Rounding, overflow: Overflow, neg: bool) -> float:
+    """IEEE 754 §7.4 as fpsim.round applies it to a finite value beyond the format's range (used only where no
+    float64 lies beyond the format's range to hand to fpsim.round: formats with emax = 1023)."""
+    if overflow is Overflow.SATURATE or mode in (Rounding.RTZ, Rounding.RTO):
+        to_inf = False
+    elif mode is Rounding.RUP:
+        to_inf = not neg
+    elif mode is Rounding.RDN:
+        to_inf = neg
+    else:
+        to_inf = True
+    v = (math.inf if fmt.has_inf else math.nan if fmt.has_nan else fmt.max) if to_inf else fmt.max
+    return -v if neg and fmt.signed else (math.nan if neg else v)
+
+
+
+def round_rational(q: _exact.RationalLike, fmt: FormatLike, mode: RoundingLike = "rne",
+                   overflow: Overflow | str = "ieee", subnormals: bool = True, *,
+                   rng: np.random.Generator | None = None) -> float:
+    """``q`` rounded once, correctly, into ``fmt``: what :func:`fpsim.round` gives for a float, for any rational.
+
+    Parameters
+    ----------
+    q : fractions.Fraction, int or float
+        The exact value (a float is taken exactly; ``inf``/``nan``/``-0.0`` go to :func:`fpsim.round` as they
+        are). A zero Fraction is +0. Never modified.
+    fmt : Format or str
+        Target format.
+    mode : {"rne", "rna", "rtz", "rup", "rdn", "rto", "sr"}
+        Rounding mode. ``"sr"`` needs ``rng`` and is exact stochastic rounding: up (in magnitude) with
+        probability exactly (|q| - lo) / (hi - lo). A q that is a float64 goes to :func:`fpsim.round` (same
+        seed, same bits as there); any other q compares its fraction with uniform random 64-bit words drawn
+        from ``rng`` until they differ (a different stream from fpsim.round's: same seed, same result).
+    overflow : {"ieee", "saturate"}
+        As for :func:`fpsim.round`.
+    subnormals : bool
+        ``False`` flushes subnormal results to signed zero, as for :func:`fpsim.round`.
+    rng : numpy.random.Generator, optional
+        Random source for ``"sr"`` (required for it, refused for the other modes).
+
+    Returns
+    -------
+    float
+        A value of ``fmt`` (or inf/nan as the format's rules give).
+
+    Examples
+    --------
+    >>> from fpsim._exact import parse_decimal
+    >>> round_rational(parse_decimal("1.00048828125000000001"), "fp16")
+    1.0009765625
+    >>> round_rational(fractions.Fraction(1, 10**400), "fp16", "rup") == 2.0**-24
+    True
+    >>> round_rational(fractions.Fraction(10**400), "fp64", "rtz")
+    1.7976931348623157e+308
+    """
+    if isinstance(q, (bool, np.bool_)) or not isinstance(q, (numbers.Rational, float, np.floating, decimal.Decimal)):
+        raise TypeError(f"round_rational takes a Fraction, int, float or Decimal, got {type(q).__name__}: {q!r}")
+    if isinstance(q, np.floating):  # exactly, longdouble included (float() would round it first)
+        q = float(q) if not np.isfinite(q) else fractions.Fraction(*(int(v) for v in q.as_integer_ratio()))
+    elif isinstance(q, np.integer):
+        q = int(q)
+    elif isinstance(q, decimal.Decimal) and not q.is_finite():
+        if q.is_snan():
+            raise ValueError(f"round_rational: a signaling NaN ({q!r}) is not a value to round")
+        q = float(q)
+    f, m, ov = parse_options(fmt, mode, overflow, subnormals, rng)
+    if rng is not None and m is not Rounding.SR:
+        raise ValueError(f"rng applies only to rounding='sr', got rounding={m.value!r}")
+
+    def fin(v: float) -> float:
+        return float(round(v, f, m, overflow=ov, subnormals=bool(subnormals), rng=rng))
+
+    if isinstance(q, float):
+        if not math.isfinite(q) or q == 0:
+            return fin(q)
+    fq = fractions.Fraction(q)
+    if fq == 0:
+        return fin(0.0)
+    neg = fq < 0
+    num, den = abs(fq.numerator), fq.denominator
+    sign = -1.0 if neg else 1.0
+    E = _exact.floor_log2(num, den)
+    if E > f.emax:  # |q| >= 2**(emax+1): beyond every rounding boundary, like any larger value
+        if f.emax <= 1022:
+            return fin(sign * math.ldexp(1.0, f.emax + 1))
+        return _overflow_result(f, m, ov, neg)
+    e = max(E, f.emin)  # exponent of q's binade, or of the subnormal grid below min normal
+    if m is Rounding.SR and E >= -1074 and _exact.is_float64(num, den, E):
+        return fin(sign * (num / den))  # a float64 (int / int is exact here): fpsim.round's own SR stream
+    if f.p <= 51 and f.emin - f.mbits - 2 >= -1074 and m is not Rounding.SR:
+        # Round to odd onto a grid two bits finer: a float64 (< 2**53 multiples of 2**s >= 2**-1074) in the
+        # same open interval between format values, on the same side of each midpoint, exact iff q is.
+        s = e - f.mbits - 2
+        mi, rem, _ = _exact.div_pow2(num, den, s)
+        return fin(sign * math.ldexp(float(mi | (rem != 0)), s))
+    # Direct rounding on the format's own grid (p >= 52 or a grid reaching below float64's).
+    s = e - f.mbits
+    mi, rem, d = _exact.div_pow2(num, den, s)
+    if rem:
+        if m is Rounding.RTZ:
+            up = False
+        elif m is Rounding.RUP:
+            up = not neg
+        elif m is Rounding.RDN:
+            up = neg
+        elif m is Rounding.RTO:
+            up = mi % 2 == 0
+        elif m is Rounding.SR:
+            assert rng is not None
+            up = _exact.draw_below(rem, d, rng)
+        else:
+            c = 2 * rem - d
+            up = c > 0 or (c == 0 and (m is Rounding.RNA or mi % 2 == 1))
+        mi += up
+    if mi == 0:
+        # q rounded to zero: signed zero (fpsim.round applies fnuz); a format without zero clamps to its minimum
+        return fin(sign * (0.0 if f.has_zero else f.min_normal))
+    if fractions.Fraction(mi) * fractions.Fraction(2) ** s > fractions.Fraction(f.max):
+        if f.emax <= 1022:
+            return fin(sign * math.ldexp(1.0, f.emax + 1))
+        return _overflow_result(f, m, ov, neg)
+    return fin(sign * math.ldexp(float(mi), s))  # a value of the format, hence a float64: fin applies flush/fnuz
+
+
 def _round_exact_scalar(x: object, q: fractions.Fraction | float, f: Format, mode: Rounding, ov: Overflow,
                         subnormals: bool) -> np.float64:
     """An int, Fraction or Decimal that no float64 holds, rounded once from its exact value."""
@@ -724,8 +719,6 @@ def _round_exact_scalar(x: object, q: fractions.Fraction | float, f: Format, mod
         # SR is defined by random bits added to a finite carrier, which an exact rational does not have.
         raise ValueError(f"x: {x!r} cannot be held exactly in float64, and rounding='sr' needs a float64 "
                          "carrier; round it with a deterministic mode or pass a float")
-    from ._exact import round_rational  # imports this module: loaded on first use
-
     r: np.float64 = np.float64(round_rational(q, f, mode, ov, subnormals))
     return r
 

@@ -506,7 +506,7 @@ EXEMPT: dict[str, str] = {
     **{n: "names, registries and parsers: no arithmetic on user data" for n in [
         "fpsim.formats.as_format", "fpsim.formats.format_names", "fpsim.formats.all_formats",
         "fpsim.formats.register", "fpsim.rounding.as_rounding", "fpsim.rounding.as_overflow",
-        "fpsim.rounding.parse_options", "fpsim.bits.code_dtype", "fpsim.bits.ml_dtype", "fpsim.arith.supports",
+        "fpsim.rounding.parse_options", "fpsim.bits.code_dtype", "fpsim._interop.ml_dtype", "fpsim.arith.supports",
         "fpsim.mma.model.as_model", "fpsim.mma.presets.get_model", "fpsim.mma.presets.device_info",
         "fpsim.amp.policy.policy_names", "fpsim.amp.policy.register_policy", "fpsim.train.data.task_names",
         "fpsim.gpu._device.require_cupy"]},

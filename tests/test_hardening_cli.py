@@ -24,7 +24,8 @@ import pytest
 from _mpfr_oracle import _MODES, _overflow_result
 
 import fpsim
-from fpsim._exact import decimal_str, parse_decimal, round_rational
+from fpsim._exact import decimal_str, parse_decimal
+from fpsim.rounding import round_rational
 
 MODES = ["rne", "rna", "rtz", "rup", "rdn", "rto"]
 OVERFLOWS = ["ieee", "saturate"]

@@ -49,11 +49,10 @@ import numpy as np
 from .._fpenv import ieee_mode
 from ..arith import add, sub
 from ..formats import as_format
+from .policy import UPDATE_RULES, register_pure_bf16  # the rules' names and policies are policy data
 
 __all__ = ["UPDATE_RULES", "apply_update", "register_pure_bf16"]
 
-#: Update rules of ``Policy.update`` (for weights kept without a master copy).
-UPDATE_RULES = ("rne", "sr", "kahan")
 _F32 = np.float32
 
 
@@ -98,19 +97,3 @@ def apply_update(store: Any, updates: Mapping[str, np.ndarray]) -> dict[str, flo
         store.last_applied += float(np.abs(new.astype(np.float64) - w.astype(np.float64)).sum())
         store.weights[k] = new
     return lost
-
-
-@ieee_mode
-def register_pure_bf16() -> None:
-    """Register ``bf16-pure-rne``, ``bf16-pure-sr`` and ``bf16-pure-kahan`` (called by the policy registry)."""
-    from .policy import Policy, register_policy  # (policy.py calls this while it is being imported)
-
-    b16 = as_format("bf16")
-    what = {"rne": "updates rounded to nearest (small updates are lost: the classic stall)",
-            "sr": "updates rounded stochastically (unbiased; Graphcore/Trainium-style)",
-            "kahan": "Kahan-compensated updates (a BF16 compensation buffer; Zamirai et al. 2020)"}
-    for rule in UPDATE_RULES:
-        register_policy(Policy(f"bf16-pure-{rule}", params=b16, activations=b16, gradients=b16, master=None,
-                               update=rule,
-                               description=f"pure BF16: BF16 weights without an FP32 master, FP32 optimizer "
-                                           f"moments, {what[rule]}"), overwrite=True)

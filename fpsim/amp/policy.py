@@ -39,6 +39,9 @@ __all__ = [
     "register_policy",
 ]
 
+#: Update rules of ``Policy.update`` for weights kept without a master copy (applied by `fpsim.amp.bf16`).
+UPDATE_RULES = ("rne", "sr", "kahan")
+
 #: Operations whose output a policy may keep in FP32 (CUDA autocast keeps layer_norm, softmax and the
 #: losses in FP32; the residual stream and the embedding output stay FP32 because the weights are FP32).
 FP32_OPS = frozenset({"layernorm", "softmax", "cross_entropy", "residual", "embedding"})
@@ -357,8 +360,6 @@ class Policy:
         r = as_rounding(self.rounding)
         object.__setattr__(self, "rounding", r.value)
         if self.update is not None:
-            from .bf16 import UPDATE_RULES
-
             object.__setattr__(self, "update", parse_name(self.update, UPDATE_RULES, "Policy.update"))
             if self.master is not None:
                 raise ValueError(f"Policy.update={self.update!r} is a rule for weights kept without a master copy; "
@@ -474,6 +475,20 @@ def get_policy(policy: str | Policy) -> Policy:
     return _REGISTRY[parse_name(policy, _REGISTRY, "policy")]
 
 
+@ieee_mode
+def register_pure_bf16() -> None:
+    """Register ``bf16-pure-rne``, ``bf16-pure-sr`` and ``bf16-pure-kahan`` (called by the policy registry)."""
+    b16 = as_format("bf16")
+    what = {"rne": "updates rounded to nearest (small updates are lost: the classic stall)",
+            "sr": "updates rounded stochastically (unbiased; Graphcore/Trainium-style)",
+            "kahan": "Kahan-compensated updates (a BF16 compensation buffer; Zamirai et al. 2020)"}
+    for rule in UPDATE_RULES:
+        register_policy(Policy(f"bf16-pure-{rule}", params=b16, activations=b16, gradients=b16, master=None,
+                               update=rule,
+                               description=f"pure BF16: BF16 weights without an FP32 master, FP32 optimizer "
+                                           f"moments, {what[rule]}"), overwrite=True)
+
+
 def _builtin() -> None:
     f16, b16, f32 = as_format("fp16"), as_format("bf16"), as_format("fp32")
     mixed16: dict[str, Any] = {"params": f16, "activations": f16, "gradients": f16, "master": f32}
@@ -522,8 +537,6 @@ def _builtin() -> None:
                            fp32_ops=frozenset(), loss_scale=1.0,
                            description="apex O3: pure FP16 (weights, activations, norms, loss and optimizer "
                                        "state), no master copy, loss scale 1"))
-    from .bf16 import register_pure_bf16
-
     register_pure_bf16()
 
 

@@ -20,6 +20,7 @@ from ..bits import to_bits
 from ..formats import Format, FormatLike, fp32, tf32
 from ..mma import MMAModel, dot, get_model
 from ..rounding import round as fround
+from ._probes import probe_suite
 from .fragments import (
     KERNEL_NAME,
     MMAInstruction,
@@ -315,8 +316,6 @@ def crosscheck_mma(model_or_device: MMAModel | str | None = None, input: FormatL
     ids: list[str] = []
     parts = []
     if probes:
-        from .probing import probe_suite
-
         suite = probe_suite(model.input, model.output)
         ids = [p.id for p in suite]
         parts.append(probe_tiles(ins, suite))

@@ -42,6 +42,7 @@ from ..formats import Format
 from ..nn.gpt import GPTConfig
 from ..nn.recompute import tracing
 from ..nn.saved import SavedTensor, buffer_of, core_tensors, saved_tensors
+from ._settings import demo_settings
 from .data import get_task
 from .loop import TrainConfig, Trainer
 
@@ -277,8 +278,6 @@ def _policy_state_bytes(rt: Any) -> tuple[int, int]:
 
 
 def _default_config() -> TrainConfig:
-    from .demo import demo_settings
-
     return demo_settings(quick=True).train_config()
 
 

@@ -31,8 +31,8 @@ from .._cliargs import CommandError
 from .._fpenv import ieee_mode
 from ..amp import get_policy
 from ._files import atomic_write
+from ._settings import DEFAULT_POLICIES, DemoSettings, check_output_dir
 from ._threads import blas_threads
-from .demo import DEFAULT_POLICIES, DemoSettings
 from .loop import History, Trainer
 
 __all__ = ["LESSONS", "Cell", "Lesson", "Paired", "SweepError", "demo_sweep", "grid", "history_of", "load_results",
@@ -308,8 +308,6 @@ def run_sweep(cells: Sequence[Cell], *, workers: int | None = None, scheduler: s
     fn = run or run_cell
     folder = None
     if out is not None:
-        from .demo import check_output_dir
-
         folder = check_output_dir(out)
     results: dict[str, dict[str, Any]] = load_results(cells, folder) if folder else {}
     todo = [c for c in cells if c.id not in results]
