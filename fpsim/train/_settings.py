@@ -22,6 +22,11 @@ from .loop import TrainConfig
 __all__ = ["DEFAULT_POLICIES", "DemoSettings", "demo_settings", "check_output_dir", "TMP_PREFIX", "TMP_RE",
            "STALE_TMP_AGE_S"]
 
+#: Seeds ``fpsim demo`` trains when ``--seeds`` is not given: 3 for the full demo, so that its lesson table says
+#: for every lesson whether it holds beyond seed noise; 1 for ``--quick`` (and ``--gemm``), whose table then says
+#: "not measured: 1 seed" and how to measure it.
+DEFAULT_SEEDS = 3
+DEFAULT_SEEDS_QUICK = 1
 DEFAULT_POLICIES = ("fp32", "bf16-mixed", "fp16-mixed", "fp16-fast-scaler", "fp16-static", "fp16-no-scaling",
                     "fp16-no-master",
                     "fp8-hybrid", "int8-qat", "int4-qat", "int8-ptq", "int4-ptq")

@@ -6,14 +6,10 @@ import argparse
 from typing import Any
 
 from .._fpenv import ieee_mode
+from ._settings import DEFAULT_SEEDS, DEFAULT_SEEDS_QUICK
 
 __all__ = ["cmd_demo", "register_cli"]
 
-#: Seeds ``fpsim demo`` trains when ``--seeds`` is not given: 3 for the full demo, so that its lesson table says
-#: for every lesson whether it holds beyond seed noise; 1 for ``--quick`` (and ``--gemm``), whose table then says
-#: "not measured: 1 seed" and how to measure it.
-DEFAULT_SEEDS = 3
-DEFAULT_SEEDS_QUICK = 1
 #: The most ``--steps`` a policy trains (the full demo trains a few hundred): a mistyped count is refused at once
 #: instead of training for ever.
 MAX_STEPS = 10_000_000

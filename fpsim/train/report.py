@@ -447,7 +447,7 @@ def lesson_table(policies: Mapping[str, Any], spread: Mapping[str, Any] | None =
     >>> print(lesson_table(P).splitlines()[-1])
     | BF16 mixed precision (FP32 master) vs FP32: final loss | final_loss | bf16-mixed | fp32 | +0.01 | not measured: 1 seed (run `fpsim demo --seeds 3`) |
     """
-    from .cli import DEFAULT_SEEDS
+    from ._settings import DEFAULT_SEEDS
     from .sweep import LESSONS
 
     by = {r["key"]: r for r in (spread or {}).get("lessons", [])}
