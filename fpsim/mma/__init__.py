@@ -15,6 +15,9 @@ True
 
 from __future__ import annotations
 
+# The matrix units of MMAModel's kinds register themselves on import (amd: also its presets, right after the
+# NVIDIA ones, which keeps the order of fpsim.mma.presets() and `fpsim devices`).
+from . import _bfma, _exact, _generic, amd  # noqa: F401,I001
 from .experiments import deepseek_experiment
 from .gemm import convert_inputs, dot, matmul
 from .model import KINDS, MMAModel, as_model, exact, fma_chain, generic, pairwise, wide
@@ -23,7 +26,6 @@ from .scaled import ScaledTensor
 from .blockscaled import BlockScaledModel, block_scaled_model, matmul_block_scaled
 from . import nvidia_mmasim  # noqa: E402,I001 - MMA-Sim provenance and the presets added from it
 from . import gaudi, trainium, xla  # noqa: E402,I001 - vendor modules register their presets on import
-from . import amd  # noqa: E402,I001 - AMD CDNA MFMA presets (also imported by gemm)
 from .features import FEATURES, probe_features  # noqa: E402,I001 - FTTN-style feature probes
 
 __all__ = [
