@@ -84,8 +84,8 @@ class ExactUnit(UnitBase):
     >>> import numpy as np
     >>> from fpsim.mma import exact
     >>> a = np.array([[1.0, 2.0**-30]]); b = np.array([[1.0], [1.0]])
-    >>> exact._unit.operand_range(a.T, b, exact)  # (lsb, top) of the products' bits
-    (-53, 2)
+    >>> exact._unit.operand_range(a.T, b, exact)  # products: multiples of 2**-76 (fp32 grids), below 2**2
+    (-76, 2)
     """
 
     def operand_range(self, a: np.ndarray, b: np.ndarray, model: Any) -> tuple[int, int] | None:

@@ -324,9 +324,10 @@ def matmul(A: Any, B: Any, C: Any = None, *, model: MMAModel | BlockScaledModel 
     True
     """
     m: Any = model
-    if getattr(m, "_unit", None) is None:  # a name (or None): parsed into a model
+    unit: MatrixUnit | None = getattr(m, "_unit", None)  # the model's matrix unit (its family's behaviour)
+    if unit is None:  # a name (or None): parsed into a model
         m = as_model(m)
-    unit: MatrixUnit = m._unit
+        unit = m._unit
     if unit.own_matmul:  # a unit with an executor of its own (block scales inside each instruction)
         return unit.matmul(m, A, B, C, promote_every, scales, input_rounding)
     if isinstance(A, ScaledTensor) or isinstance(B, ScaledTensor):
@@ -366,7 +367,8 @@ def matmul(A: Any, B: Any, C: Any = None, *, model: MMAModel | BlockScaledModel 
     if batch and bv.ndim == 2 and scales is None and av.shape[:-2] == batch:
         # One shared B: stack A's batch into rows, one large GEMM (same per-output chains, fewer calls).
         rows = int(np.prod(av.shape[:-1], dtype=np.int64))  # explicit: -1 is ambiguous when K or N is 0
-        flat = _matmul2d(av.reshape(rows, kk), bv, cv.reshape(rows, nn), m, promote_every, None, C is None)
+        flat = _matmul2d(av.reshape(rows, kk), bv, cv.reshape(rows, nn), m, unit, promote_every, None,
+                         C is None)
         res = flat.reshape(out_shape)
     else:
         av_b = np.broadcast_to(av, batch + (mm, kk))  # views: entries are taken one at a time below
@@ -377,11 +379,11 @@ def matmul(A: Any, B: Any, C: Any = None, *, model: MMAModel | BlockScaledModel 
             # of batch entries gathered from the (unbroadcast) operands
             res = _c_batched(av, bv, cv, batch, kern, promote_every, C is None).reshape(out_shape)
         elif not batch:
-            res = _matmul2d(av, bv, cv, m, promote_every, scales, C is None)
+            res = _matmul2d(av, bv, cv, m, unit, promote_every, scales, C is None)
         else:
             res = np.empty(out_shape)
             for idx in np.ndindex(*batch):
-                res[idx] = _matmul2d(av_b[idx], bv_b[idx], cv[idx], m, promote_every, scales)
+                res[idx] = _matmul2d(av_b[idx], bv_b[idx], cv[idx], m, unit, promote_every, scales)
     if vec_b:
         res = res[..., 0]
     if vec_a:
@@ -525,9 +527,31 @@ def _matmul_scaled(A: Any, B: Any, C: Any, m: MMAModel, promote_every: int | Non
 
 
 @functools.lru_cache(maxsize=128)
+def _kernels(m: MMAModel) -> tuple[BFMAKernel | None, tuple[int, ...] | None]:
+    """The compiled kernels' descriptions for `m` (its unit's), by value: block FMA, generic chain."""
+    unit = m._unit
+    return unit.bfma_kernel(m), unit.generic_kernel(m)
+
+
+# The kernels of the models seen last, by identity: a dict lookup instead of hashing the model's fields (the
+# model is kept as well, so its id is not reused while it is here).
+_PLANS: dict[int, tuple[MMAModel, BFMAKernel | None, tuple[int, ...] | None]] = {}
+
+
+def _plan(m: MMAModel) -> tuple[BFMAKernel | None, tuple[int, ...] | None]:
+    e = _PLANS.get(id(m))
+    if e is not None and e[0] is m:
+        return e[1], e[2]
+    k = _kernels(m)
+    if len(_PLANS) >= 256:
+        _PLANS.clear()
+    _PLANS[id(m)] = (m, k[0], k[1])
+    return k
+
+
 def _c_kernel(m: MMAModel) -> BFMAKernel | None:
     """The compiled block-FMA kernel's description for `m` (its unit's), or None: the NumPy path."""
-    return m._unit.bfma_kernel(m)
+    return _plan(m)[0]
 
 
 def _c_params(m: MMAModel) -> tuple[int, ...] | None:
@@ -561,10 +585,9 @@ def _c_dot(at: np.ndarray, bt: np.ndarray, c: np.ndarray, kern: BFMAKernel,
     return d
 
 
-@functools.lru_cache(maxsize=128)
 def _g_params(m: MMAModel) -> tuple[int, ...] | None:
     """Parameters of the compiled generic chain kernel (its unit's), or None (NumPy path)."""
-    return m._unit.generic_kernel(m)
+    return _plan(m)[1]
 
 
 def _c_threads(macs: int) -> int:
@@ -640,8 +663,9 @@ def _c_matmul2d(a: np.ndarray, b: np.ndarray, c: np.ndarray, kern: BFMAKernel,
     return acc
 
 
-def _matmul2d(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: MMAModel, promote_every: int | None,
-              scales: Any, c_owned: bool = False) -> np.ndarray:
+def _matmul2d(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: MMAModel, unit: MatrixUnit,
+              promote_every: int | None, scales: Any, c_owned: bool = False) -> np.ndarray:
+    """``c + a @ b`` (2-D) under `m`, whose matrix unit is `unit`: compiled kernel, shortcut or NumPy tiles."""
     mm, kk = a.shape
     nn = b.shape[1]
     if mm == 0 or nn == 0:
@@ -650,7 +674,6 @@ def _matmul2d(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: MMAModel, promote_
     if kk == 0:
         # The empty sum is +0 (IEEE 754 §9.4 sum): D = C + 0, which also turns a -0 addend into +0.
         return c + 0.0
-    unit = m._unit
     if use_c_gemm and _cgemm is not None:
         kern = _c_kernel(m)
         if kern is not None:
