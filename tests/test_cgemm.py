@@ -1,4 +1,4 @@
-"""The compiled block-FMA GEMM (fpsim/_cgemm.c) against the NumPy reference (fpsim.mma.model.bfma), bit for bit.
+"""The compiled block-FMA GEMM (fpsim/_cgemm.c) against the NumPy reference (fpsim.mma._bfma.bfma), bit for bit.
 
 The NumPy path is the reference (itself checked against the published hardware rows, tests/test_mma_hw.py);
 here every BFMA preset of fpsim.mma.presets runs through both paths on inputs that exercise the model's corners:

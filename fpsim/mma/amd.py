@@ -55,6 +55,7 @@ from .._names import norm_name
 from ..arith import Context, _fma64_wide  # the exact int64-limb fp64 FMA (RNE)
 from ..formats import Format, as_format, bf16, fp8_e4m3fnuz, fp8_e5m2fnuz, fp16, fp32, fp64, tf32
 from .model import AMD_KINDS, MMAModel, exact_sum, prod_flags, specials
+from ._unit import UnitBase, register_unit
 from .presets import MMA_SIM, DeviceInfo, Provenance, register_device, register_preset
 
 __all__ = ["AMD_KINDS", "INSTRUCTIONS", "instruction", "run_mfma"]
@@ -415,3 +416,14 @@ def _register() -> None:
 
 
 _register()
+
+
+class MFMAUnit(UnitBase):
+    """The AMD CDNA MFMA family (the five kinds above): every product of a chain held, run by :func:`run_mfma`."""
+
+    def reference(self, x: np.ndarray, y: np.ndarray, ex: np.ndarray, ey: np.ndarray, c: np.ndarray,
+                  model: Any, has_specials: bool, lsb_top: tuple[int, int] | None) -> np.ndarray:
+        return run_mfma(x, y, c, model)
+
+
+register_unit(AMD_KINDS, MFMAUnit())

@@ -44,6 +44,8 @@ from .._names import norm_name, parse_name
 from ..formats import Format, FormatLike, as_format, fp16, fp32
 from ..rounding import _as_float_array, _first_non_value
 from ..rounding import round as _fround
+from ._convert import convert_c, convert_inputs
+from ._unit import UnitBase
 from .model import NO_EXP, exponents, fma_round, round_block
 from .scaled import ScaledTensor
 
@@ -174,6 +176,11 @@ class BlockScaledModel:
             return f"mma.sync.aligned.m16n8k{self.k}.row.col.{kq}.{d}.{ab}.{d}"
         return (f"mma.sync.aligned.m16n8k{self.k}.row.col.{kq}.block_scale.scale_vec::"
                 f"{self.k // self.block}X.f32.{ab}.f32.{self.scale}")
+
+    @property
+    def _unit(self) -> BlockScaledUnit:
+        """The matrix unit of block-scaled models (an executor of its own: scales inside each instruction)."""
+        return _UNIT
 
     def with_(self, **changes: Any) -> BlockScaledModel:
         """A copy with some fields changed (``dataclasses.replace``)."""
@@ -404,8 +411,6 @@ _TILE_ELEMS = 1 << 18
 
 
 def _values(x: Any, fmt: Format, input_rounding: str | None, name: str) -> np.ndarray:
-    from .gemm import convert_inputs  # gemm dispatches here: import lazily
-
     raw = np.asarray(_as_float_array(x, name)[0], dtype=np.float64)
     # Values already in the format (inf and NaN included) enter as they are; others are converted.
     arr = raw if _first_non_value(raw, fmt) is None else convert_inputs(raw, fmt, input_rounding, name)
@@ -562,9 +567,7 @@ def matmul_block_scaled(A: Any, B: Any, C: Any = None, *, scale_a: Any = None, s
     if b.shape[0] != kk:
         raise ValueError(f"A and B disagree on K: A has shape {a.shape}, B has shape {b.shape}")
     nn = b.shape[1]
-    from .gemm import _convert_c_fmt
-
-    cv = _convert_c_fmt(C, m.output, (mm, nn))
+    cv = convert_c(C, m.output, (mm, nn))
     if m.block is None:
         if sa_in is not None or sb_in is not None:
             raise ValueError(f"kind {m.kind} takes no block scales: scale_a and scale_b must be None")
@@ -655,3 +658,20 @@ def _gemm(a: np.ndarray, b: np.ndarray, sa: np.ndarray, sb: np.ndarray, sfmt: st
                                  esb[ss, None, j0:j1], d, m, has_specials)
             out[i0:i1, j0:j1] = d
     return out
+
+
+class BlockScaledUnit(UnitBase):
+    """The Blackwell block-scaled family: its scales act inside each instruction, so it runs matmul itself.
+
+    :func:`fpsim.matmul` hands it the whole call (``scales=(scale_a, scale_b)`` are its block scales;
+    ``promote_every`` does not apply).
+    """
+
+    own_matmul = True
+
+    def matmul(self, model: Any, A: Any, B: Any, C: Any, promote_every: int | None, scales: Any,
+               input_rounding: str | None) -> Any:
+        return _from_matmul(A, B, C, model, promote_every, scales, input_rounding)
+
+
+_UNIT = BlockScaledUnit()

@@ -5,13 +5,19 @@ output of a GEMM, tile by tile (memory stays bounded), optionally promoting the 
 accumulator every ``promote_every`` products (DeepSeek-V3's fix for FP8 on Hopper) and applying per-block
 dequantisation scales at each promotion.
 
-BFMA models run in a compiled kernel (``fpsim/_cgemm.c``: integer arithmetic, vectorised over outputs, tiled,
-threaded over output tiles with the GIL released; threads per :data:`fpsim.rounding.max_threads`) when it was
-built at install; it gives the same bits as the NumPy kernels of :mod:`fpsim.mma.model`, which stay as the
-reference and the fallback (``fpsim.mma.gemm.use_c_gemm = False`` forces them; tests/test_cgemm.py checks the
-two against each other on every NVIDIA preset). Promotion and scales are applied in NumPy on the kernel's
-partial sums. The generic ``wide``, ``fma_chain`` and ``pairwise`` models have compiled kernels too (without
-promotion); ``exact`` uses BLAS on error-free slices, the AMD kinds :mod:`fpsim.mma.amd`.
+This module is the one executor: it converts, batches, pads, tiles and promotes, and asks the model's
+*matrix unit* (``model._unit``, a :class:`~fpsim.mma._unit.MatrixUnit`: one class per family, in
+:mod:`fpsim.mma._bfma`, :mod:`fpsim.mma._generic`, :mod:`fpsim.mma._exact`, :mod:`fpsim.mma.amd`,
+:mod:`fpsim.mma.blockscaled`) for everything that depends on the family: its NumPy reference reduction, its
+compiled-kernel parameters, its K granularity and padding, its chunking and its own executor if it has one.
+It never asks which family it holds.
+
+Units that describe a compiled kernel (the NVIDIA block FMA; the generic chains, without promotion) run in
+``fpsim/_cgemm.c`` (integer arithmetic, vectorised over outputs, tiled, threaded over output tiles with the
+GIL released; threads per :data:`fpsim.rounding.max_threads`) when it was built at install; it gives the same
+bits as the units' NumPy references, which stay as the reference and the fallback
+(``fpsim.mma.gemm.use_c_gemm = False`` forces them; tests/test_cgemm.py checks the two against each other on
+every NVIDIA preset). Promotion and scales are applied in NumPy on the kernel's partial sums.
 
 What is *not* modelled: the order a real GEMM library (cuBLAS, CUTLASS) splits K across MMA instructions,
 warps and split-K partitions. Here every output is one chain of blocks in increasing K order.
@@ -22,33 +28,22 @@ from __future__ import annotations
 import functools
 import math
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .._fpenv import ieee_mode
 from .._interop import returns_input_kind
-from .._names import parse_name
-from ..formats import Format, fp32, tf32
-from ..rounding import _as_float_array, _first_non_value
+from ..formats import fp32
+from ..rounding import _as_float_array
 from ..rounding import round as _fround
-from .amd import run_mfma
-from .blockscaled import BlockScaledModel, _from_matmul
-from .model import (
-    AMD_KINDS,
-    NO_EXP,
-    MMAModel,
-    as_model,
-    bfma_instruction,
-    exact_sum,
-    exponents,
-    fma_round,
-    generic_reduce,
-    product_dtype,
-    term_range,
-)
-from .model import _rne_out as _rne
+from ._convert import EXACT_INPUT, convert_c, convert_inputs
+from ._unit import BFMAKernel, MatrixUnit
+from .model import NO_EXP, MMAModel, as_model, exponents, fma_round
 from .scaled import ScaledTensor
+
+if TYPE_CHECKING:
+    from .blockscaled import BlockScaledModel
 
 __all__ = ["convert_inputs", "dot", "matmul"]
 
@@ -58,15 +53,15 @@ except ImportError:  # pragma: no cover - exercised where no compiler was availa
     _cgemm = None
 
 use_c_gemm: bool = _cgemm is not None
-"""Whether BFMA GEMMs and dots (``kind="bfma"``) and the generic ``wide``, ``fma_chain`` and ``pairwise`` GEMMs
-run in the compiled kernels (set False to force the NumPy reference).
+"""Whether the models whose matrix unit describes a compiled kernel (the NVIDIA block FMA for GEMMs and dots;
+the generic wide, FMA-chain and pairwise chains for GEMMs without promotion) run in it (set False to force the
+NumPy references).
 Threads: :data:`fpsim.rounding.max_threads`; the bits do not depend on it (each output is one chain)."""
 
 _C_MIN_PARALLEL = 1 << 20  # MACs below which the compiled GEMM runs on one thread
 
-_INPUT_ROUNDINGS = ("rne", "rtz", "exact")
-
-# Elements of one (k, Mt, Nt) product block (BFMA) or one (K, Mt, Nt) product array (generic models).
+# Elements of one (k, Mt, Nt) product block (units that walk K an instruction at a time, ``unit.blockwise``)
+# or of one (K, Mt, Nt) product array (units that hold the whole chain).
 _BLOCK_ELEMS = 1 << 18
 _GENERIC_ELEMS = 1 << 20
 # Elements of each operand gathered at once from broadcast operands (rows of dot, batch entries of matmul):
@@ -74,42 +69,9 @@ _GENERIC_ELEMS = 1 << 20
 _GATHER_ELEMS = 1 << 19
 
 
-@ieee_mode
-def convert_inputs(x: Any, fmt: Format, input_rounding: str | None, name: str) -> np.ndarray:
-    """Values of `x` in `fmt` as float64.
-
-    ``input_rounding``: ``None`` = ``"rtz"`` for tf32 (what A100 does with fp32 registers: the low 13
-    fraction bits are dropped) and ``"rne"`` otherwise (CUDA's ``__float2half``/``__float2bfloat16``
-    and saturating ``__nv_cvt_float_to_fp8`` round to nearest); ``"rtz"``/``"rne"`` force a mode;
-    ``"exact"`` raises ``ValueError`` if a value is not representable.
-    """
-    arr, _ = _as_float_array(x, name)
-    if arr.dtype != np.float32:  # float32 is rounded as it is (same values, half the memory traffic)
-        arr = np.asarray(arr, dtype=np.float64)
-    if input_rounding is None:
-        mode = "rtz" if fmt == tf32 else "rne"
-    else:
-        mode = parse_name(input_rounding, _INPUT_ROUNDINGS, "input_rounding")
-    overflow = "saturate" if fmt.width <= 8 else "ieee"
-    if mode == "exact":
-        v = _first_non_value(arr, fmt)
-        if v is not None:
-            raise ValueError(f"{name} holds {v!r}, not exactly representable in {fmt.name}; "
-                             "pass input_rounding='rne' or 'rtz' to convert")
-        return np.asarray(_fround(arr, fmt, "rne"), dtype=np.float64)
-    return np.asarray(_fround(arr, fmt, "rtz" if mode == "rtz" else "rne", overflow=overflow), dtype=np.float64)
-
-
-def _convert_c_fmt(c: Any, fmt: Format, shape: tuple[int, ...]) -> np.ndarray:
-    """C rounded (RNE) to `fmt` and broadcast to the output shape, as float64."""
-    if c is None:
-        return np.zeros(shape)
-    arr = np.asarray(_as_float_array(c, "c")[0], dtype=np.float64)
-    arr = np.asarray(_fround(arr, fmt, "rne"), dtype=np.float64)
-    try:
-        return np.ascontiguousarray(np.broadcast_to(arr, shape), dtype=np.float64)
-    except ValueError:
-        raise ValueError(f"c of shape {arr.shape} does not broadcast to the output shape {shape}") from None
+def _convert_c_fmt(c: Any, fmt: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """C rounded (RNE) to `fmt` and broadcast to the output shape, as float64 (:func:`~fpsim.mma._convert.convert_c`)."""
+    return convert_c(c, fmt, shape)
 
 
 def _compact_lead(x: Any, keep: int) -> tuple[Any, tuple[int, ...] | None]:
@@ -137,41 +99,10 @@ def _pad_k(x: np.ndarray, e: np.ndarray, mult: int) -> tuple[np.ndarray, np.ndar
             np.concatenate([e, np.full(zshape, NO_EXP, np.int16)], 0))
 
 
-def _run_terms(x: np.ndarray, y: np.ndarray, ex: np.ndarray, ey: np.ndarray, c: np.ndarray,
-               model: MMAModel, has_specials: bool, lsb_top: tuple[int, int] | None) -> np.ndarray:
-    """One model over all K (axis 0) of the products ``x*y`` (broadcast), addends c; returns D (float64)."""
-    if model.kind in AMD_KINDS:
-        return run_mfma(x, y, c, model)
-    if model.kind != "bfma":
-        with np.errstate(invalid="ignore", over="ignore"):
-            prod = x.astype(np.float64) * y.astype(np.float64)
-        prod = np.broadcast_to(prod, (x.shape[0],) + c.shape)
-        return generic_reduce(prod, c, model, lsb_top, has_specials=has_specials)
-    ki = model.instruction_k
-    d = c
-    with np.errstate(invalid="ignore"):
-        for j in range(0, x.shape[0], ki):
-            prod = x[j:j + ki] * y[j:j + ki]  # (ki, *S)
-            e = ex[j:j + ki] + ey[j:j + ki]
-            d = bfma_instruction(prod, e, d, model, has_specials=has_specials)
-    return d
-
-
-def _prepare(v: np.ndarray, model: MMAModel) -> tuple[np.ndarray, np.ndarray]:
-    """Carrier array (product dtype for BFMA, float64 for generics) and int16 exponents of input values."""
+def _prepare(v: np.ndarray, model: MMAModel, unit: MatrixUnit) -> tuple[np.ndarray, np.ndarray]:
+    """Carrier array (the unit's dtype) and int16 exponents of input values."""
     e = exponents(v, model.input.emin)
-    dt = product_dtype(model.input) if model.kind == "bfma" else np.float64
-    return v.astype(dt), e
-
-
-def _lsb_top(a: np.ndarray, b: np.ndarray, model: MMAModel) -> tuple[int, int] | None:
-    if model.kind != "exact":
-        return None
-    fin_a = np.where(np.isfinite(a), a, 0.0)
-    fin_b = np.where(np.isfinite(b), b, 0.0)
-    la, ta = term_range(fin_a, model.input)
-    lb, tb = term_range(fin_b, model.input)
-    return la + lb, ta + tb
+    return v.astype(unit.carrier(model)), e
 
 
 @ieee_mode
@@ -188,8 +119,8 @@ def dot(a: Any, b: Any, c: Any = None, model: MMAModel | str | None = None, *,
     c : array_like, shape (...), optional
         Addends, rounded (RNE) to ``model.output``; default 0.
     model : MMAModel or str, optional
-        A preset from :func:`fpsim.mma.get_model`, a generic name (``"exact"``, ``"fma_chain"``,
-        ``"pairwise"``, ``"wide"``) or ``"device:input[:output]"``. Default ``exact``.
+        A preset from :func:`fpsim.mma.get_model`, a generic model's name or ``"device:input[:output]"``
+        (see :func:`fpsim.mma.as_model`). Default: :data:`fpsim.mma.exact`.
     input_rounding : {None, "rne", "rtz", "exact"}
         How values not representable in the input format are converted. ``None``: RZ (truncation) for
         tf32, as A100 does with fp32 registers; RNE for the other formats (CUDA's conversions).
@@ -210,6 +141,7 @@ def dot(a: Any, b: Any, c: Any = None, model: MMAModel | str | None = None, *,
     True
     """
     m = as_model(model)
+    unit = m._unit
     if isinstance(a, ScaledTensor) or isinstance(b, ScaledTensor):
         raise TypeError("dot takes plain arrays; multiply ScaledTensor operands with fpsim.matmul, or pass "
                         "t.data (and apply t.scale yourself)")
@@ -246,32 +178,33 @@ def dot(a: Any, b: Any, c: Any = None, model: MMAModel | str | None = None, *,
     cflat = cv.reshape(r)
     out = np.empty(r)
     rc = max(1, _GATHER_ELEMS // k)  # rows per gathered chunk
-    params = _c_params(m) if use_c_gemm and _cgemm is not None else None
-    if params is not None:
+    kern = _c_kernel(m) if use_c_gemm and _cgemm is not None else None
+    if kern is not None:
         threads = _c_threads(r * k)
         for r0 in range(0, r, rc):
             r1 = min(r, r0 + rc)
             at = np.ascontiguousarray(_bcast_rows(a2, av.shape[:-1], shape, r0, r1).T)  # (K, rows)
             bt = np.ascontiguousarray(_bcast_rows(b2, bv.shape[:-1], shape, r0, r1).T)
-            out[r0:r1] = _c_dot(at, bt, cflat[r0:r1], m, params, threads)
+            out[r0:r1] = _c_dot(at, bt, cflat[r0:r1], kern, threads)
     else:
         # Every broadcast row is a row of a2 / b2 (r > 0): checks over the operands hold for the rows.
         has_specials = not (np.isfinite(a2).all() and np.isfinite(b2).all() and np.isfinite(cv).all())
-        lsb_top = _lsb_top(a2, b2, m)
-        per = _BLOCK_ELEMS if m.kind == "bfma" else _GENERIC_ELEMS
-        step = max(1, per // max(1, m.instruction_k if m.kind == "bfma" else k))
+        lsb_top = unit.operand_range(a2, b2, m)
+        per = _BLOCK_ELEMS if unit.blockwise else _GENERIC_ELEMS
+        step = max(1, per // max(1, unit.terms_held(m, k)))
+        mult = unit.pad_to(m, None)
         for g0 in range(0, r, rc):
             g1 = min(r, g0 + rc)
-            xa, ea = _prepare(np.ascontiguousarray(_bcast_rows(a2, av.shape[:-1], shape, g0, g1).T), m)
-            xb, eb = _prepare(np.ascontiguousarray(_bcast_rows(b2, bv.shape[:-1], shape, g0, g1).T), m)
-            if m.kind == "bfma":
-                xa, ea = _pad_k(xa, ea, m.instruction_k)
-                xb, eb = _pad_k(xb, eb, m.instruction_k)
+            xa, ea = _prepare(np.ascontiguousarray(_bcast_rows(a2, av.shape[:-1], shape, g0, g1).T), m, unit)
+            xb, eb = _prepare(np.ascontiguousarray(_bcast_rows(b2, bv.shape[:-1], shape, g0, g1).T), m, unit)
+            if mult > 1:
+                xa, ea = _pad_k(xa, ea, mult)
+                xb, eb = _pad_k(xb, eb, mult)
             for r0 in range(0, g1 - g0, step):
                 sl = slice(r0, min(g1 - g0, r0 + step))
-                out[g0 + sl.start:g0 + sl.stop] = _run_terms(xa[:, sl], xb[:, sl], ea[:, sl], eb[:, sl],
-                                                             cflat[g0 + sl.start:g0 + sl.stop], m, has_specials,
-                                                             lsb_top)
+                out[g0 + sl.start:g0 + sl.stop] = unit.reference(xa[:, sl], xb[:, sl], ea[:, sl], eb[:, sl],
+                                                                 cflat[g0 + sl.start:g0 + sl.stop], m,
+                                                                 has_specials, lsb_top)
     res = out.reshape(shape)
     if a32 and b32:
         res = res.astype(np.float32)
@@ -390,9 +323,13 @@ def matmul(A: Any, B: Any, C: Any = None, *, model: MMAModel | BlockScaledModel 
     >>> float(fpsim.matmul(A, B, 1.0)[0, 0]) == 1 + 2**-22
     True
     """
-    if isinstance(model, BlockScaledModel):  # Blackwell kind::f8f6f4 / block-scaled MMA (blockscaled.py)
-        return _from_matmul(A, B, C, model, promote_every, scales, input_rounding)
-    m = as_model(model)
+    m: Any = model
+    unit: MatrixUnit | None = getattr(m, "_unit", None)  # the model's matrix unit (its family's behaviour)
+    if unit is None:  # a name (or None): parsed into a model
+        m = as_model(m)
+        unit = m._unit
+    if unit.own_matmul:  # a unit with an executor of its own (block scales inside each instruction)
+        return unit.matmul(m, A, B, C, promote_every, scales, input_rounding)
     if isinstance(A, ScaledTensor) or isinstance(B, ScaledTensor):
         return _matmul_scaled(A, B, C, m, promote_every, scales, input_rounding)
     a_in, a_full = _compact_lead(A, 2)  # repeated batch entries of broadcast views: converted once
@@ -414,9 +351,10 @@ def matmul(A: Any, B: Any, C: Any = None, *, model: MMAModel | BlockScaledModel 
             raise TypeError(f"promote_every must be an int, got {type(promote_every).__name__}: {promote_every!r}")
         if promote_every < 1:
             raise ValueError(f"promote_every must be a positive integer, got {promote_every!r}")
-        if m.kind == "bfma" and promote_every % m.instruction_k:
+        step = unit.k_step(m)
+        if promote_every % step:
             raise ValueError(f"promote_every={promote_every} is not a multiple of the model's instruction "
-                             f"depth {m.instruction_k}")
+                             f"depth {step}")
     if scales is not None and promote_every is None:
         raise ValueError("scales are applied at promotion: give promote_every too (DeepSeek-V3: 128)")
     av = convert_inputs(a_arr, m.input, input_rounding, "A")
@@ -429,22 +367,23 @@ def matmul(A: Any, B: Any, C: Any = None, *, model: MMAModel | BlockScaledModel 
     if batch and bv.ndim == 2 and scales is None and av.shape[:-2] == batch:
         # One shared B: stack A's batch into rows, one large GEMM (same per-output chains, fewer calls).
         rows = int(np.prod(av.shape[:-1], dtype=np.int64))  # explicit: -1 is ambiguous when K or N is 0
-        flat = _matmul2d(av.reshape(rows, kk), bv, cv.reshape(rows, nn), m, promote_every, None, C is None)
+        flat = _matmul2d(av.reshape(rows, kk), bv, cv.reshape(rows, nn), m, unit, promote_every, None,
+                         C is None)
         res = flat.reshape(out_shape)
     else:
         av_b = np.broadcast_to(av, batch + (mm, kk))  # views: entries are taken one at a time below
         bv_b = np.broadcast_to(bv, batch + (kk, nn))
-        params = _c_params(m) if use_c_gemm and _cgemm is not None else None
-        if batch and params is not None and scales is None and mm and nn and kk:
+        kern = _c_kernel(m) if use_c_gemm and _cgemm is not None else None
+        if batch and kern is not None and scales is None and mm and nn and kk:
             # a batch of GEMMs with their own B: few calls of the compiled kernel, each on a bounded chunk
             # of batch entries gathered from the (unbroadcast) operands
-            res = _c_batched(av, bv, cv, batch, m, params, promote_every, C is None).reshape(out_shape)
+            res = _c_batched(av, bv, cv, batch, kern, promote_every, C is None).reshape(out_shape)
         elif not batch:
-            res = _matmul2d(av, bv, cv, m, promote_every, scales, C is None)
+            res = _matmul2d(av, bv, cv, m, unit, promote_every, scales, C is None)
         else:
             res = np.empty(out_shape)
             for idx in np.ndindex(*batch):
-                res[idx] = _matmul2d(av_b[idx], bv_b[idx], cv[idx], m, promote_every, scales)
+                res[idx] = _matmul2d(av_b[idx], bv_b[idx], cv[idx], m, unit, promote_every, scales)
     if vec_b:
         res = res[..., 0]
     if vec_a:
@@ -465,8 +404,8 @@ def _matmul_values(a: np.ndarray, b: np.ndarray, c: np.ndarray | None, m: MMAMod
     tests/test_cgemm.py checks it on every NVIDIA preset family the policies use. Anything the kernel does not
     take (no compiled GEMM, other kinds, empty shapes, 1-D operands) goes through :func:`matmul` itself.
     """
-    params = _c_params(m) if use_c_gemm and _cgemm is not None else None
-    if params is None or a.ndim < 2 or b.ndim < 2:
+    kern = _c_kernel(m) if use_c_gemm and _cgemm is not None else None
+    if kern is None or a.ndim < 2 or b.ndim < 2:
         return np.asarray(matmul(a, b, c, model=m), dtype=np.float32)
     mm, kk, nn = a.shape[-2], a.shape[-1], b.shape[-1]
     if mm == 0 or kk == 0 or nn == 0 or b.shape[-2] != kk:
@@ -480,14 +419,14 @@ def _matmul_values(a: np.ndarray, b: np.ndarray, c: np.ndarray | None, m: MMAMod
         d = np.empty(out_shape)
         d[...] = c  # float32 values of the output format: exact in float64
     if b.ndim == 2:  # one shared B (also the plain 2-D GEMM): A's batch stacked into rows
-        res = _c_matmul2d(a.reshape(1, -1, kk), b[None], d.reshape(1, -1, nn), m, params, None, None, True)
+        res = _c_matmul2d(a.reshape(1, -1, kk), b[None], d.reshape(1, -1, nn), kern, None, None, True)
     else:  # a chunk of batch entries per call, gathered from the unbroadcast operands
-        res = _c_batched(a, b, d, batch, m, params, None, True)
+        res = _c_batched(a, b, d, batch, kern, None, True)
     return res.astype(np.float32).reshape(out_shape)
 
 
-def _c_batched(a: np.ndarray, b: np.ndarray, c: np.ndarray, batch: tuple[int, ...], m: MMAModel,
-               params: tuple[int, ...], promote_every: int | None, c_owned: bool) -> np.ndarray:
+def _c_batched(a: np.ndarray, b: np.ndarray, c: np.ndarray, batch: tuple[int, ...], kern: BFMAKernel,
+               promote_every: int | None, c_owned: bool) -> np.ndarray:
     """The batched GEMM ``c + a @ b`` over the broadcast `batch` in the compiled kernel, returned (nbt, M, N).
 
     `a` (..., M, K) and `b` (..., K, N) are not broadcast: chunks of batch entries are gathered from them
@@ -505,13 +444,13 @@ def _c_batched(a: np.ndarray, b: np.ndarray, c: np.ndarray, batch: tuple[int, ..
     threads = _c_threads(nbt * mm * nn * kk)
     per = max(1, _GATHER_ELEMS // max(1, mm * kk + kk * nn))  # batch entries per call
     if per >= nbt and na == nbt and nb == nbt:
-        return _c_matmul2d(a3, b3, c3, m, params, promote_every, None, c_owned, threads)
+        return _c_matmul2d(a3, b3, c3, kern, promote_every, None, c_owned, threads)
     out = c3 if (c_owned and c3.flags.c_contiguous and c3.dtype == np.float64) else np.empty((nbt, mm, nn))
     for i0 in range(0, nbt, per):
         i1 = min(nbt, i0 + per)
         out[i0:i1] = _c_matmul2d(_bcast_rows(a3, a.shape[:-2], batch, i0, i1),
                                  _bcast_rows(b3, b.shape[:-2], batch, i0, i1),
-                                 c3[i0:i1], m, params, promote_every, None, c_owned, threads)
+                                 c3[i0:i1], kern, promote_every, None, c_owned, threads)
     return out
 
 
@@ -539,7 +478,7 @@ def _matmul_scaled(A: Any, B: Any, C: Any, m: MMAModel, promote_every: int | Non
             raise ValueError(f"ScaledTensor {name} must have at least 2 axes (M, K) / (K, N), got shape {t.shape}")
     if scales is not None:
         raise ValueError("ScaledTensor operands carry their decode factors: do not pass scales= as well")
-    if input_rounding not in (None, "exact"):
+    if input_rounding not in (None, EXACT_INPUT):
         raise ValueError(f"ScaledTensor data are already values of their formats; input_rounding={input_rounding!r} "
                          "does not apply (leave it None)")
     kk = A.shape[-1]
@@ -560,9 +499,10 @@ def _matmul_scaled(A: Any, B: Any, C: Any, m: MMAModel, promote_every: int | Non
         if promote_every is not None and promote_every != g:
             raise ValueError(f"A and B are scaled in groups of {g} along K, so their factors are applied at "
                              f"promotion every {g} products; promote_every={promote_every!r} disagrees")
-        if m.kind == "bfma" and g % m.instruction_k:
+        step = m._unit.k_step(m)
+        if g % step:
             raise ValueError(f"scale groups of {g} along K are not a multiple of the model's instruction depth "
-                             f"{m.instruction_k}: {m.name} cannot apply them at promotion")
+                             f"{step}: {m.name} cannot apply them at promotion")
     if kk == 0 or mm == 0 or nn == 0:
         res = np.empty(out_shape) if (mm == 0 or nn == 0) else cv + 0.0
     else:
@@ -574,105 +514,61 @@ def _matmul_scaled(A: Any, B: Any, C: Any, m: MMAModel, promote_every: int | Non
         for idx in np.ndindex(*batch) if batch else [()]:
             if g == kk:
                 acc = np.asarray(matmul(da[idx], db[idx], model=m, promote_every=promote_every,
-                                        input_rounding="exact"), dtype=np.float64)
+                                        input_rounding=EXACT_INPUT), dtype=np.float64)
                 s = np.asarray(_fround(fa[idx] * fb[idx], fp32, "rne"), dtype=np.float64)  # (M,1)*(1,N)
                 with np.errstate(invalid="ignore", over="ignore"):
                     res[idx] = fma_round(s * acc, cv[idx], fp32)
             else:
                 res[idx] = matmul(da[idx], db[idx], cv[idx], model=m, promote_every=g,
-                                  scales=(fa[idx], fb[idx]), input_rounding="exact")
+                                  scales=(fa[idx], fb[idx]), input_rounding=EXACT_INPUT)
     if a32:
         res = res.astype(np.float32)
     return res
 
 
-_MAX_SLICES = 6
-
-
-def _slices(x: np.ndarray, beta: int, axis: int) -> tuple[list[np.ndarray], np.ndarray] | None:
-    """Split x exactly into integer-valued slices: x = 2**(e+1) * sum_s I_s * 2**(-beta*(s+1)), |I_s| < 2**beta,
-    with e the largest exponent along `axis` (per row of A or column of B). None if more than _MAX_SLICES."""
-    e = exponents(x, -1074).max(axis=axis, keepdims=True).astype(np.int32)
-    e = np.where(e == NO_EXP, 0, e)
-    r = np.ldexp(x, -(e + 1))  # |r| < 1
-    out = []
-    while True:
-        r = np.ldexp(r, beta)
-        i_s = np.trunc(r)
-        out.append(i_s)
-        r = r - i_s
-        if not r.any():
-            return out, e
-        if len(out) >= _MAX_SLICES:
-            return None
-
-
-def _exact_matmul_split(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: MMAModel) -> np.ndarray | None:
-    """Exact GEMM through float64 BLAS on error-free integer slices (Ozaki-style), then one rounding.
-
-    Each slice product sums K integers below 2**(2*beta), so with ``K * 2**(2*beta) <= 2**53`` every partial
-    sum is exact whatever order BLAS uses. The S*S exact partial products and C are combined by
-    :func:`~fpsim.mma.model.exact_sum`, a block of rows at a time (bounded memory). Returns None (the caller
-    falls back to the limb kernel) when the inputs span too many bits for a few slices.
-    """
-    kk = a.shape[1]
-    lg = max(1, math.ceil(math.log2(max(kk, 2))))
-    beta = (53 - lg) // 2
-    sa = _slices(a, beta, axis=1)
-    sb = _slices(b, beta, axis=0)
-    if sa is None or sb is None:
-        return None
-    (ia, ea), (ib, eb) = sa, sb
-    lsb = int(ea.min() + eb.min()) + 2 - beta * (len(ia) + len(ib))
-    top = int(ea.max() + eb.max()) + 2 + lg + 1
-    if (c != 0).any():
-        lc, tc = term_range(c, fp32)
-        lsb, top = min(lsb, lc), max(top, tc)
-    mm, nn = c.shape
-    out = np.empty((mm, nn))
-    step = max(1, _GENERIC_ELEMS // max(1, nn * (len(ia) * len(ib) + 1)))
-    for i0 in range(0, mm, step):
-        rows = slice(i0, min(mm, i0 + step))
-        terms = [np.ldexp(x[rows] @ y, ea[rows] + eb + 2 - beta * (s_ + t_ + 2))  # exact integer units
-                 for s_, x in enumerate(ia) for t_, y in enumerate(ib)]
-        terms.append(c[rows])
-        out[rows] = _rne(exact_sum(np.stack(terms), lsb, top), m.output)
-    return out
-
-
 @functools.lru_cache(maxsize=128)
+def _kernels(m: MMAModel) -> tuple[BFMAKernel | None, tuple[int, ...] | None]:
+    """The compiled kernels' descriptions for `m` (its unit's), by value: block FMA, generic chain."""
+    unit = m._unit
+    return unit.bfma_kernel(m), unit.generic_kernel(m)
+
+
+# The kernels of the models seen last, by identity: a dict lookup instead of hashing the model's fields (the
+# model is kept as well, so its id is not reused while it is here).
+_PLANS: dict[int, tuple[MMAModel, BFMAKernel | None, tuple[int, ...] | None]] = {}
+
+
+def _plan(m: MMAModel) -> tuple[BFMAKernel | None, tuple[int, ...] | None]:
+    e = _PLANS.get(id(m))
+    if e is not None and e[0] is m:
+        return e[1], e[2]
+    k = _kernels(m)
+    if len(_PLANS) >= 256:
+        _PLANS.clear()
+    _PLANS[id(m)] = (m, k[0], k[1])
+    return k
+
+
+def _c_kernel(m: MMAModel) -> BFMAKernel | None:
+    """The compiled block-FMA kernel's description for `m` (its unit's), or None: the NumPy path."""
+    return _plan(m)[0]
+
+
 def _c_params(m: MMAModel) -> tuple[int, ...] | None:
     """Parameters of the compiled BFMA kernel for `m`, or None where it does not apply (NumPy path)."""
-    if m.kind != "bfma" or m.input_b is not None:
-        return None
-    fin, out = m.input, m.output
-    g = max(0, 23 + m.neab - 2 * fin.mbits)
-    pmax = ((1 << fin.p) - 1) ** 2 << g  # largest |m_a * m_b| (A's significand pre-shifted by g bits)
-    if not (fin.p <= 24 and pmax < 2**31 and -23 <= m.neab <= 6 and m.mb <= 28 and out.p <= 24 and m.k <= 4096):
-        return None
-    cs = min(m.k, (2**31 - 1) // pmax)  # products summed in int32 before widening: no overflow
-    return (m.k, 2 if m.grouping == "mod4" else 1, int(m.c_entry == "late" or m.grouping == "mod4"),
-            fin.mbits, fin.emin, m.neab, int(m.mel is not None), int(m.mel or 0), m.mb,
-            int(m.rounding == "rne"), out.emin, out.emax, out.mbits, cs)
+    kern = _c_kernel(m)
+    return None if kern is None else kern.params
 
 
-def _mod4_order(kp: int, ki: int) -> np.ndarray:
-    """K order that puts each instruction's G0 (i mod 4 in {0, 1}) before its G1: two consecutive blocks."""
-    idx = np.arange(ki)
-    order = np.concatenate([idx[idx % 4 < 2], idx[idx % 4 >= 2]])
-    res: np.ndarray = (np.arange(0, kp, ki)[:, None] + order[None, :]).reshape(-1)
-    return res
-
-
-def _c_dot(at: np.ndarray, bt: np.ndarray, c: np.ndarray, m: MMAModel, params: tuple[int, ...],
+def _c_dot(at: np.ndarray, bt: np.ndarray, c: np.ndarray, kern: BFMAKernel,
            threads: int | None = None) -> np.ndarray:
     """The rows of :func:`dot` (``at``, ``bt``: (K, R) values, ``c``: (R,)) in the compiled kernel's dot mode.
 
     ``threads``: the caller's thread count for the whole dot (it runs in chunks); default from this call."""
     assert _cgemm is not None
     kk, r = at.shape
-    ki = m.instruction_k
-    if m.grouping != "mod4":  # a last, partial block as it is (see _c_matmul2d)
+    ki = kern.instruction_k
+    if kern.order is None:  # a last, partial block as it is (see _c_matmul2d)
         kp, ap, bp = kk, np.ascontiguousarray(at, dtype=np.float64), np.ascontiguousarray(bt, dtype=np.float64)
     else:
         kp = kk + (-kk) % ki
@@ -680,34 +576,18 @@ def _c_dot(at: np.ndarray, bt: np.ndarray, c: np.ndarray, m: MMAModel, params: t
         ap[:kk] = at
         bp = np.zeros((kp, r))
         bp[:kk] = bt
-    if m.grouping == "mod4":
-        perm = _mod4_order(kp, ki)
+        perm = kern.order(kp)
         ap = np.ascontiguousarray(ap[perm])
         bp = np.ascontiguousarray(bp[perm])
     d = np.array(c, dtype=np.float64, order="C", copy=True)
     nth = _c_threads(r * kk) if threads is None else threads
-    _cgemm.bfma_gemm(ap, bp, d, 1, r, kp, 0, kp, params, nth, 1, min(max(r, 1), 128), 1, 1)
+    _cgemm.bfma_gemm(ap, bp, d, 1, r, kp, 0, kp, kern.params, nth, 1, min(max(r, 1), 128), 1, 1)
     return d
 
 
-def _ieee_like(f: Format) -> bool:
-    """A format the compiled generic kernels round to: IEEE-style infinities, NaN, subnormals, signed zero."""
-    from ..formats import NaNEncoding
-
-    return bool(f.has_inf and f.subnormals and f.signed and f.signed_zero and f.nan == NaNEncoding.IEEE
-                and 1 <= f.mbits <= 24 and -1000 < f.emin and f.emax < 1000)
-
-
-@functools.lru_cache(maxsize=128)
 def _g_params(m: MMAModel) -> tuple[int, ...] | None:
-    """Parameters of the compiled generic kernel ("wide", "fma_chain", "pairwise"), or None (NumPy path)."""
-    if m.kind not in ("wide", "fma_chain", "pairwise") or m.input_b is not None:
-        return None
-    fin, acc, out = m.input, m.acc if m.kind != "wide" else m.output, m.output
-    if not (fin.p <= 26 and fin.emax <= 127 and fin.emin - fin.mbits >= -160 and _ieee_like(acc) and _ieee_like(out)):
-        return None
-    kind = {"wide": 0, "fma_chain": 1, "pairwise": 2}[m.kind]
-    return (kind, acc.mbits, acc.emin, acc.emax, out.mbits, out.emin, out.emax)
+    """Parameters of the compiled generic chain kernel (its unit's), or None (NumPy path)."""
+    return _plan(m)[1]
 
 
 def _c_threads(macs: int) -> int:
@@ -719,7 +599,7 @@ def _c_threads(macs: int) -> int:
     return max(1, mt if mt is not None else min(os.cpu_count() or 1, 8))
 
 
-def _c_matmul2d(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: MMAModel, params: tuple[int, ...],
+def _c_matmul2d(a: np.ndarray, b: np.ndarray, c: np.ndarray, kern: BFMAKernel,
                 promote_every: int | None, scales: Any, c_owned: bool = False,
                 threads: int | None = None) -> np.ndarray:
     """The BFMA chains of :func:`_matmul2d` in the compiled kernel (same bits); promotion and scales as there.
@@ -730,16 +610,14 @@ def _c_matmul2d(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: MMAModel, params
     chunks); default from this call's size."""
     assert _cgemm is not None
     if a.ndim == 2:
-        one: np.ndarray = _c_matmul2d(a[None], b[None], c[None], m, params, promote_every, scales, c_owned,
-                                      threads)[0]
+        one: np.ndarray = _c_matmul2d(a[None], b[None], c[None], kern, promote_every, scales, c_owned, threads)[0]
         return one
     nbt, mm, kk = a.shape
     nn = b.shape[2]
-    ki = m.instruction_k
-    step = ki if promote_every is None else promote_every
+    step = kern.instruction_k if promote_every is None else promote_every
     # The kernel takes a last, partial block as it is (its missing products are zeros, which never win E_max);
-    # the mod-4 grouping and the promotion groups are padded with zeros as in the NumPy path.
-    kp = kk if (m.grouping != "mod4" and promote_every is None) else kk + (-kk) % step
+    # a reordered K (the mod-4 grouping) and the promotion groups are padded with zeros as in the NumPy path.
+    kp = kk if (kern.order is None and promote_every is None) else kk + (-kk) % step
     if kp == kk:
         ap = np.ascontiguousarray(a, dtype=np.float64)
         bp = np.ascontiguousarray(b, dtype=np.float64)
@@ -748,8 +626,8 @@ def _c_matmul2d(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: MMAModel, params
         ap[:, :, :kk] = a
         bp = np.zeros((nbt, kp, nn))
         bp[:, :kk] = b
-    if m.grouping == "mod4":
-        perm = _mod4_order(kp, ki)
+    if kern.order is not None:
+        perm = kern.order(kp)
         ap = np.ascontiguousarray(ap[:, :, perm])
         bp = np.ascontiguousarray(bp[:, perm])
     if threads is None:
@@ -758,7 +636,7 @@ def _c_matmul2d(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: MMAModel, params
     mt = max(1, min(mm, 32, -(-mm // max(1, threads))))
 
     def chain(d: np.ndarray, k0: int, k1: int) -> None:
-        _cgemm.bfma_gemm(ap, bp, d, mm, nn, kp, k0, k1, params, threads, mt, nt, 0, nbt)
+        _cgemm.bfma_gemm(ap, bp, d, mm, nn, kp, k0, k1, kern.params, threads, mt, nt, 0, nbt)
 
     if promote_every is None:
         if c_owned and c.flags.c_contiguous and c.dtype == np.float64 and c.shape == (nbt, mm, nn):
@@ -785,8 +663,9 @@ def _c_matmul2d(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: MMAModel, params
     return acc
 
 
-def _matmul2d(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: MMAModel, promote_every: int | None,
-              scales: Any, c_owned: bool = False) -> np.ndarray:
+def _matmul2d(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: MMAModel, unit: MatrixUnit,
+              promote_every: int | None, scales: Any, c_owned: bool = False) -> np.ndarray:
+    """``c + a @ b`` (2-D) under `m`, whose matrix unit is `unit`: compiled kernel, shortcut or NumPy tiles."""
     mm, kk = a.shape
     nn = b.shape[1]
     if mm == 0 or nn == 0:
@@ -795,11 +674,11 @@ def _matmul2d(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: MMAModel, promote_
     if kk == 0:
         # The empty sum is +0 (IEEE 754 §9.4 sum): D = C + 0, which also turns a -0 addend into +0.
         return c + 0.0
-    if use_c_gemm and _cgemm is not None and m.kind == "bfma":
-        params = _c_params(m)
-        if params is not None:
-            return _c_matmul2d(a, b, c, m, params, promote_every, scales, c_owned)
-    if use_c_gemm and _cgemm is not None and promote_every is None and m.kind in ("wide", "fma_chain", "pairwise"):
+    if use_c_gemm and _cgemm is not None:
+        kern = _c_kernel(m)
+        if kern is not None:
+            return _c_matmul2d(a, b, c, kern, promote_every, scales, c_owned)
+    if use_c_gemm and _cgemm is not None and promote_every is None:
         gp = _g_params(m)
         if gp is not None:
             d = np.array(c, dtype=np.float64, order="C", copy=True)
@@ -810,20 +689,19 @@ def _matmul2d(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: MMAModel, promote_
     bk = np.ascontiguousarray(b)  # (K, N)
     # C counts too: the exact kernels sum finite terms only (a NaN or inf addend went through them as garbage).
     has_specials = not (np.isfinite(at).all() and np.isfinite(bk).all() and np.isfinite(c).all())
-    if m.kind == "exact" and promote_every is None and not has_specials and kk and mm and nn:
-        fast = _exact_matmul_split(a, b, c, m)
+    if promote_every is None and not has_specials:
+        fast = unit.shortcut(a, b, c, m, _GENERIC_ELEMS)
         if fast is not None:
             return fast
-    lsb_top = _lsb_top(at, bk, m)
-    xa, ea = _prepare(at, m)
-    xb, eb = _prepare(bk, m)
-    if m.kind == "bfma":
-        mult = m.instruction_k if promote_every is None else promote_every
+    lsb_top = unit.operand_range(at, bk, m)
+    xa, ea = _prepare(at, m, unit)
+    xb, eb = _prepare(bk, m, unit)
+    mult = unit.pad_to(m, promote_every)
+    if mult > 1:
         xa, ea = _pad_k(xa, ea, mult)
         xb, eb = _pad_k(xb, eb, mult)
-        per = max(1, _BLOCK_ELEMS // m.instruction_k)
-    else:
-        per = max(1, _GENERIC_ELEMS // max(1, min(kk, promote_every or kk)))
+    held = max(1, unit.terms_held(m, min(kk, promote_every or kk)))
+    per = max(1, (_BLOCK_ELEMS if unit.blockwise else _GENERIC_ELEMS) // held)
     # Tile shape: square-ish Mt x Nt with Mt*Nt <= per.
     nt = min(nn, max(1, int(math.sqrt(per))))
     mt = min(mm, max(1, per // nt))
@@ -844,13 +722,13 @@ def _matmul2d(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: MMAModel, promote_
             ey = eb[:, None, j0:j1]
             ct = c[i0:i1, j0:j1]
             if promote_every is None:
-                out[i0:i1, j0:j1] = _run_terms(x, y, ex, ey, ct, m, has_specials, lsb_top)
+                out[i0:i1, j0:j1] = unit.reference(x, y, ex, ey, ct, m, has_specials, lsb_top)
                 continue
             acc = ct.copy()
             zero = np.zeros(ct.shape)
             for g, k0 in enumerate(range(0, ktot, promote_every)):
                 k1 = min(ktot, k0 + promote_every)
-                part = _run_terms(x[k0:k1], y[k0:k1], ex[k0:k1], ey[k0:k1], zero, m, has_specials, lsb_top)
+                part = unit.reference(x[k0:k1], y[k0:k1], ex[k0:k1], ey[k0:k1], zero, m, has_specials, lsb_top)
                 if sa is not None and sb is not None:
                     with np.errstate(over="ignore", invalid="ignore"):  # inf/NaN factors propagate
                         s = np.asarray(_fround(sa[i0:i1, g][:, None] * sb[g, j0:j1][None, :], fp32, "rne"),

@@ -2,8 +2,11 @@
 
 One :class:`MMAModel` describes one hardware data path (for example H100 fp16 inputs with fp32 output)
 or one generic, non-hardware way of forming ``d = c + sum_i a_i * b_i`` (``exact``, ``fma_chain``,
-``pairwise``, ``wide``). The kernels in this module work on *term arrays* whose first axis is K and are
-vectorized over every other axis; :mod:`fpsim.mma.gemm` feeds them rows (``dot``) or tiles (``matmul``).
+``pairwise``, ``wide``). A model is data; its behaviour is its *matrix unit* (``model._unit``, one class per
+family implementing :class:`fpsim.mma._unit.MatrixUnit`: :mod:`fpsim.mma._bfma`, :mod:`fpsim.mma._generic`,
+:mod:`fpsim.mma._exact`, :mod:`fpsim.mma.amd`), whose kernels work on *term arrays* whose first axis is K and
+are vectorized over every other axis; :mod:`fpsim.mma.gemm` feeds them rows (``dot``) or tiles (``matmul``).
+This module holds the model and the helpers the kernels share.
 
 The BFMA (reference ``tensorcore.md`` section 1) for one block of ``k`` products and an addend ``c``:
 
@@ -18,13 +21,15 @@ The BFMA (reference ``tensorcore.md`` section 1) for one block of ``k`` products
 
 Integer-valued floats carry the ``Q_i``: products of fp16/fp8 inputs are exact in float32 and scaling by a
 power of two is exact, so ``numpy.trunc`` performs step 3 exactly; the sums run in float64, exact because
-every partial sum stays below ``2**53``. :mod:`fpsim.mma.gemm` runs the same model in a compiled kernel
-(``fpsim/_cgemm.c``, integer significands and exponents) when it is built; these functions are its reference.
+every partial sum stays below ``2**53`` (:func:`fpsim.mma._bfma.bfma`). :mod:`fpsim.mma.gemm` runs the same
+model in a compiled kernel (``fpsim/_cgemm.c``, integer significands and exponents) when it is built; the NumPy
+kernels are its reference.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -34,6 +39,7 @@ from .._fpenv import ieee_mode
 from ..arith import Context
 from ..formats import Format, FormatLike, as_format, fp16, fp32
 from ..rounding import round as _fround
+from ._unit import MatrixUnit, unit_for
 
 __all__ = [
     "KINDS",
@@ -179,6 +185,11 @@ class MMAModel:
                                  f"(output {self.output.name}, acc {self.acc.name})")
 
     @property
+    def _unit(self) -> MatrixUnit:
+        """The matrix unit of this model's family (what :mod:`fpsim.mma.gemm` runs it with)."""
+        return unit_for(self.kind)
+
+    @property
     def b_format(self) -> Format:
         """Format of the B operand: `input_b` when set, else `input`."""
         return self.input if self.input_b is None else self.input_b
@@ -244,6 +255,17 @@ pairwise: MMAModel = generic("pairwise")
 #: float64 accumulation in index order, one rounding to fp32.
 wide: MMAModel = generic("wide")
 
+#: ``get_model(device, input[, output])`` of :mod:`fpsim.mma.presets`, which hands it over on import
+#: (:func:`_use_presets`): the presets sit above the models and construct them; models never import presets.
+_preset_lookup: Callable[..., MMAModel] | None = None
+
+
+def _use_presets(lookup: Callable[..., MMAModel]) -> None:
+    """Let :func:`as_model` resolve ``"device:input[:output]"`` names through `lookup` (the presets' call)."""
+    global _preset_lookup
+    _preset_lookup = lookup
+
+
 _GENERICS = {"exact": exact, "fma_chain": fma_chain, "pairwise": pairwise, "wide": wide}
 
 
@@ -265,12 +287,10 @@ def as_model(model: MMAModel | str | None) -> MMAModel:
         key = model.strip().lower()
         if key in _GENERICS:
             return _GENERICS[key]
-        if ":" in key:
-            from .presets import get_model  # presets import this module: resolve lazily
-
+        if ":" in key and _preset_lookup is not None:
             parts = key.split(":")
             if len(parts) in (2, 3):
-                return get_model(*parts)
+                return _preset_lookup(*parts)
         raise ValueError(f"unknown model {model!r}; valid: an MMAModel, one of {', '.join(_GENERICS)}, "
                          "or 'device:input[:output]' such as 'h100:fp16:fp32'")
     raise TypeError(f"model must be an MMAModel or a str, got {type(model).__name__}")
@@ -358,84 +378,6 @@ def prod_flags(prod: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The BFMA kernel
-# ---------------------------------------------------------------------------------------------------------
-
-def bfma(prod: np.ndarray, e: np.ndarray, c: np.ndarray, model: MMAModel, *,
-         has_specials: bool = False) -> np.ndarray:
-    """One block FMA for every output at once.
-
-    Parameters
-    ----------
-    prod : ndarray, shape (k, *S)
-        Exact products ``a_i*b_i`` (float32 or float64); zeros for padding.
-    e : ndarray of int16, shape (k, *S)
-        Unnormalised product exponents ``e_a + e_b`` (:data:`NO_EXP`-based for zero factors).
-    c : ndarray of float64, shape S
-        Addends, values of the model's output format (or fp32).
-    has_specials : bool
-        Whether `prod` may hold NaN or infinities (checked by the caller once per GEMM).
-
-    Returns
-    -------
-    ndarray of float64, shape S
-    """
-    spec = None
-    cfin = bool(np.isfinite(c).all())
-    if has_specials or not cfin:
-        flags = prod_flags(prod) if has_specials else None
-        spec = specials(flags, c)
-        if has_specials:
-            with np.errstate(invalid="ignore"):
-                prod = np.where(np.isfinite(prod), prod, prod.dtype.type(0))
-        if not cfin:
-            c = np.where(np.isfinite(c), c, 0.0)
-    ec = exponents(c, -126)  # c's binary32 exponent, also in fp16-out mode
-    emax_ = np.maximum(e.max(axis=0), ec).astype(np.int32)
-    if model.mel is not None:
-        emax_ = np.maximum(emax_, model.mel)
-    sh = 23 + model.neab - emax_  # terms are scaled by 2**sh, then truncated
-    if prod.dtype == np.float32:
-        # Clipping only matters when no nonzero float32-safe product exists (see product_dtype).
-        scale = np.ldexp(np.float32(1.0), np.clip(sh, -149, 127).astype(np.int32))
-    else:
-        scale = np.ldexp(1.0, np.clip(sh, -1074, 1023).astype(np.int32))
-    with np.errstate(under="ignore"):
-        x = prod * scale
-    np.trunc(x, out=x)
-    s = np.add.reduce(x, axis=0, dtype=np.float64)
-    s += np.trunc(np.ldexp(c, np.clip(sh, -1074, 1023)))
-    v = np.ldexp(s, -sh)
-    out = model.output
-    d = round_block(v, model.mb, out.emin, out.emax, model.rounding == "rz")
-    if spec is not None:
-        d = np.where(spec[0], spec[1], d)
-    return d
-
-
-def bfma_instruction(prod: np.ndarray, e: np.ndarray, c: np.ndarray, model: MMAModel, *,
-                     has_specials: bool = False) -> np.ndarray:
-    """One instruction of ``model.instruction_k`` products (plain, late-C, or mod-4 grouped); shape (kI, *S)."""
-    if model.grouping == "mod4":
-        idx = np.arange(prod.shape[0])
-        g0 = (idx % 4) < 2
-        zero = np.zeros(c.shape)
-        d = bfma(prod[g0], e[g0], zero, model, has_specials=has_specials)
-        d = bfma(prod[~g0], e[~g0], d, model, has_specials=has_specials)
-        return _late_add(d, c, model.output)
-    if model.c_entry == "late":
-        d = bfma(prod, e, np.zeros(c.shape), model, has_specials=has_specials)
-        return _late_add(d, c, model.output)
-    return bfma(prod, e, c, model, has_specials=has_specials)
-
-
-def _late_add(d: np.ndarray, c: np.ndarray, out: Format) -> np.ndarray:
-    """RNE_out(d + c) for two values of `out` (exact-enough in float64: innocuous double rounding)."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        return _rne_out(d + c, out) + 0.0
-
-
-# ---------------------------------------------------------------------------------------------------------
 # Generic kernels (all terms along axis 0)
 # ---------------------------------------------------------------------------------------------------------
 
@@ -496,45 +438,9 @@ def term_range(x: np.ndarray, fmt: Format) -> tuple[int, int]:
     return int(e[ok].min()) - fmt.mbits, int(e[ok].max()) + 1
 
 
-def generic_reduce(prod: np.ndarray, c: np.ndarray, model: MMAModel, lsb_top: tuple[int, int] | None,
-                   *, has_specials: bool = False) -> np.ndarray:
-    """Apply a generic model to exact float64 products ``prod`` (K, *S) and addends c (S)."""
-    out = model.output
-    kind = model.kind
-    if kind == "exact":
-        spec = None
-        if has_specials or not np.isfinite(c).all():
-            spec = specials(prod_flags(prod) if has_specials else None, c)
-            with np.errstate(invalid="ignore"):
-                prod = np.where(np.isfinite(prod), prod, 0.0)
-                c = np.where(np.isfinite(c), c, 0.0)
-        lsb, top = lsb_top if lsb_top is not None else (-1074, 1024)
-        lc, tc = term_range(c, fp32)
-        if (c != 0).any():
-            lsb, top = min(lsb, lc), max(top, tc)
-        terms = np.concatenate([prod, c[None]], axis=0) if prod.shape[0] else c[None]
-        y = exact_sum(terms, lsb, top)
-        d = _rne_out(y, out) + 0.0
-        if spec is not None:
-            d = np.where(spec[0], spec[1], d)
-        return d
+def products64(x: np.ndarray, y: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """The products ``x*y`` (K along axis 0) in float64, broadcast to ``(K,) + shape`` (no error raised)."""
     with np.errstate(invalid="ignore", over="ignore"):
-        if kind == "fma_chain":
-            d = c.astype(np.float64)
-            for i in range(prod.shape[0]):
-                d = fma_round(prod[i].astype(np.float64), d, model.acc)
-        elif kind == "pairwise":
-            t = _rne_out(prod.astype(np.float64), model.acc)
-            while t.shape[0] > 1:
-                m = t.shape[0] // 2
-                pair = _rne_out(t[: 2 * m : 2] + t[1 : 2 * m : 2], model.acc)
-                t = np.concatenate([pair, t[2 * m :]], axis=0) if t.shape[0] % 2 else pair
-            s = t[0] if t.shape[0] else np.zeros(c.shape)
-            d = _rne_out(s + c, model.acc)
-        elif kind == "wide":
-            d = c.astype(np.float64)
-            for i in range(prod.shape[0]):
-                d = d + prod[i]
-        else:  # pragma: no cover - guarded by MMAModel
-            raise ValueError(f"not a generic model kind: {kind!r}")
-        return _rne_out(d, out) + 0.0
+        prod = x.astype(np.float64) * y.astype(np.float64)
+    res: np.ndarray = np.broadcast_to(prod, (x.shape[0],) + shape)
+    return res

@@ -1,7 +1,7 @@
 """A literal, scalar transcription of the BFMA model with Python integers: the reference for the vectorized kernels.
 
 Slow (one Python loop per product) and written to mirror the reference text step by step, so that the fast
-float-carrier kernel in :mod:`fpsim.mma.model` can be tested against an implementation that shares none of
+float-carrier kernel in :mod:`fpsim.mma._bfma` can be tested against an implementation that shares none of
 its tricks. Specials (NaN, infinities) are not handled here.
 
 >>> from fpsim.mma import get_model

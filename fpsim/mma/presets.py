@@ -46,7 +46,7 @@ from typing import Any
 from .._fpenv import ieee_mode
 from .._names import norm_name, parse_name
 from ..formats import Format, FormatLike, as_format, bf16, fp8_e4m3, fp8_e5m2, fp16, fp32, tf32
-from .model import MMAModel
+from .model import MMAModel, _use_presets
 
 __all__ = [
     "DEVICES",
@@ -698,3 +698,4 @@ def _register_nvidia() -> None:
 
 
 _register_nvidia()
+_use_presets(get_model)  # as_model('device:input[:output]') resolves through the presets (models never import them)
