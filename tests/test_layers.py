@@ -51,13 +51,6 @@ CONVENIENCES: frozenset[tuple[str, str]] = frozenset({
     ("fpsim.train.loop", "fpsim.train.checkpoint"),  # Trainer.run(checkpoint=path) writes the checkpoint
 })
 
-# TEMPORARY (the lead removes this after merging the GEMM-executor work of issue 26, which breaks both): the two
-# circles inside fpsim/mma. The test fails when a listed circle no longer exists, so that this list shrinks.
-_KNOWN_MMA_CIRCLES: frozenset[frozenset[str]] = frozenset({
-    frozenset({"fpsim.mma.gemm", "fpsim.mma.blockscaled"}),
-    frozenset({"fpsim.mma.model", "fpsim.mma.presets"}),
-})
-
 RANK = {name: i for i, (_, names) in enumerate(LAYERS) for name in names}
 LAYER_NAME = {name: layer for layer, names in LAYERS for name in names}
 POSITION = {name: j for layer, names in LAYERS if layer in LINES for j, name in enumerate(names)}
@@ -248,12 +241,7 @@ def test_no_circles_among_module_level_imports() -> None:
 def test_no_import_circles() -> None:
     """Deferred imports count: a circle hidden inside a function body is still a circle."""
     found = set(circles((e.source, e.target) for e in EDGES if (e.source, e.target) not in CONVENIENCES))
-    known = _KNOWN_MMA_CIRCLES
-    new = found - known
-    assert not new, "import circles: " + "; ".join(" <-> ".join(sorted(c)) for c in sorted(new, key=sorted))
-    gone = known - found
-    assert not gone, ("circles listed as known no longer exist; remove them from tests/test_layers.py: "
-                      + "; ".join(" <-> ".join(sorted(c)) for c in gone))
+    assert not found, "import circles: " + "; ".join(" <-> ".join(sorted(c)) for c in sorted(found, key=sorted))
 
 
 def test_conveniences_are_deferred_and_real() -> None:
