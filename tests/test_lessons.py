@@ -1,4 +1,4 @@
-"""The lessons of notebook 6 and the demo text on master weights and QAT vs PTQ (issue 18, item 2).
+"""The lessons of notebook 7 and the demo text on master weights and QAT vs PTQ (issue 18, item 2).
 
 Fast: the mechanism (fine-tuning at a small learning rate loses far more updates without an FP32 master
 than training from scratch does; with the master none are lost). Slow: the loss cost itself, on one seed
@@ -52,7 +52,7 @@ def test_the_base_is_not_modified_by_finetuning() -> None:
 
 @pytest.mark.slow
 def test_no_master_costs_loss_when_finetuning_notebook_settings_seed_0() -> None:
-    """Notebook 6's regime, seed 0: pretrain 300 steps at 3e-3, fine-tune 100 steps at 1e-4."""
+    """Notebook 7's regime, seed 0: pretrain 300 steps at 3e-3, fine-tune 100 steps at 1e-4."""
     m = _model(n_embd=32, n_layer=2)
     base = _pretrain(m, 300)
     ft = TrainConfig(task="reverse", task_kwargs=KW, model=m, steps=100, lr=1e-4, warmup=0, seed=0, eval_every=100)
@@ -62,13 +62,13 @@ def test_no_master_costs_loss_when_finetuning_notebook_settings_seed_0() -> None
 
 
 def test_demo_text_points_to_the_notebooks_without_quoting_their_numbers() -> None:
-    # The demo report states only what its own run measured (issue 25): the fine-tuning (notebook 6) and
-    # 3/2-bit QAT (notebook 8) results are pointed to as not measured in this run, never quoted as numbers.
+    # The demo report states only what its own run measured (issue 25): the fine-tuning (notebook 7) and
+    # 3/2-bit QAT (notebook 10) results are pointed to as not measured in this run, never quoted as numbers.
     from fpsim.train.demo import _caption, _why, demo_settings
 
     P = {n: {"final_loss": 0.5, "lost_update_fraction": 0.1} for n in ("fp16-no-master", "fp16-mixed")}
     why = _why(demo_settings(quick=True), P)
-    assert "fine-tun" in why.lower() and "notebook 6" in why and "not measured in this run" in why
-    assert "2 bits" in why and "notebook 8" in why
+    assert "fine-tun" in why.lower() and "notebook 7" in why and "not measured in this run" in why
+    assert "2 bits" in why and "notebook 10" in why
     assert "within seed noise" not in why and "beyond seed noise" in why
     assert "2 bits" in _caption("qat_ptq", {}) and "not run by this demo" in _caption("qat_ptq", {})

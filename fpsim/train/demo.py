@@ -581,7 +581,7 @@ def _why(st: DemoSettings, P: dict[str, Any] | None = None, spread: Any = None,
                  f"over steps) and ended at {a['final_loss']:.4f} against fp16-mixed's {b['final_loss']:.4f} "
                  f"({_rel(a['final_loss'], b['final_loss'])}); over seeds: {_lesson_result(spread, 'no-master-loss')}."
                  " Fine-tuning a pretrained model at a small learning rate is the regime where the missing master "
-                 "copy is expected to cost more loss; notebook 6 measures that over seeds (not measured in this run).")
+                 "copy is expected to cost more loss; notebook 7 measures that over seeds (not measured in this run).")
     qs = sorted({float(d["policy"]["quant"]["start"]) for d in P.values()
                  if (d.get("policy") or {}).get("quant") and d["policy"]["quant"].get("mode") == "qat"})
     if qs:
@@ -601,7 +601,7 @@ def _why(st: DemoSettings, P: dict[str, Any] | None = None, spread: Any = None,
     L.append("QAT vs PTQ at 8 and 4 bits: " + "; ".join(
         f"int{b} {_lesson_result(spread, f'int{b}-qat-ptq')}" for b in (8, 4)
         if f"int{b}-qat" in P and f"int{b}-ptq" in P) + "." if any(f"int{b}-qat" in P for b in (8, 4)) else "")
-    L.append("At 3 and 2 bits this demo trains nothing (notebook 8 does).")
+    L.append("At 3 and 2 bits this demo trains nothing (notebook 10 does).")
     if "fp32" in P and any((d.get("policy") or {}).get("quant", {}) and d["policy"]["quant"].get("mode") == "ptq"
                            for d in P.values()) and not spread:
         L.append("The *wall s* of a PTQ row includes the FP32 training it reuses.")
@@ -793,7 +793,7 @@ def _caption(key: str, P: dict[str, Any], histories: dict[str, Any] | None = Non
             if q is not None and p is not None:
                 txt += (f" int{b}: QAT − PTQ {q - p:+.4f} on this seed; over seeds: "
                         f"{_lesson_result(spread, f'int{b}-qat-ptq')}.")
-        return txt + " At 3 and 2 bits: not run by this demo (notebook 8 trains them)."
+        return txt + " At 3 and 2 bits: not run by this demo (notebook 10 trains them)."
     return ""
 
 
