@@ -39,17 +39,18 @@ KEY = {
     "02-rounding-modes": "fpsim.plot.rounding_modes(2.3",
     "03-arithmetic-pitfalls": "ax.loglog(lengths",
     "04-tensor-cores": "fpsim.plot.accumulation_error(",
+    "05-seven-machines": "same = np.array([[int(np.sum(same_in[a]",
     "06-loss-scaling": "fpsim.plot.scaler_dynamics(dyn",
-    "07-master-weights": 'label=f"fine-tuning, seed {s}"',
+    "07-master-weights": "fig, axes = plt.subplots(2, 2, figsize=(14, 8)",
+    "08-no-master-copy": "fig, (ax0, ax1, ax2) = plt.subplots(1, 3, figsize=(14, 3.9)",
     "09-fp8-scaling": "delayed = S.DelayedScaling(",
     "10-quantization-aware-training": "for bits in [8, 6, 4, 3]:",
     "11-attention-numerics": "FP8 attention on inputs with 0.1% outliers",
     "12-memory": "from fpsim.plan.memory import MEMORY_KEYS",
-    "05-seven-machines": "same = np.array([[int(np.sum(same_in[a]",
     "13-data-parallel": "runs = {(1, \"fp32\")",
-    "08-no-master-copy": "fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))",
     "14-pytorch-amp": "GradScaler: back-off on overflow",
-    "15-finetuning-4bit": "for m, color in ((\"full\"",
+    "15-finetuning-4bit": "fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.8)",
+    "16-why-bf16-won": 'fig, axes = plt.subplots(1, 2, figsize=(14, 4.2), layout="constrained")',
 }
 DEMO = ("loss_curves", "grad_histogram", "loss_scale", "lost_updates", "qat_vs_ptq")
 
