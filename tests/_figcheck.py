@@ -178,7 +178,7 @@ def _is_data_transform(tr: Any, ax: Any) -> bool:
 
 def _line_vertices(line: Any) -> np.ndarray:
     """The vertices of a Line2D as drawn (its draw style applied), in display coordinates, NaN-separated."""
-    from matplotlib.lines import STEP_LOOKUP_MAP
+    from matplotlib.cbook import STEP_LOOKUP_MAP
 
     xy = np.asarray(line.get_xydata(), dtype=np.float64)
     if xy.ndim != 2 or xy.shape[0] == 0:
@@ -306,7 +306,7 @@ def _bar_problems(fig: Any, ax: Any) -> list[str]:
                 else:
                     p0, p1, base, top = r.get_y(), r.get_y() + r.get_height(), r.get_x(), r.get_x() + r.get_width()
                 rects.append((min(p0, p1), max(p0, p1), min(base, top), max(base, top), ci))
-        stacked = set()
+        stacked: set[int] = set()
         for a in rects:
             if a[2] == 0 or not np.isfinite(a[2]):
                 continue
@@ -318,8 +318,8 @@ def _bar_problems(fig: Any, ax: Any) -> list[str]:
         for ci, c in enumerate(bars):
             if getattr(c, "orientation", "vertical") != orient or ci in stacked:
                 continue
-            base = [r.get_y() if orient == "vertical" else r.get_x() for r in c.patches]
-            if len(set(base)) > 1:
+            bases = [r.get_y() if orient == "vertical" else r.get_x() for r in c.patches]
+            if len(set(bases)) > 1:
                 stacked.add(ci)
         for ci in sorted(stacked):
             axis = "y" if orient == "vertical" else "x"
@@ -380,8 +380,11 @@ def _overplot_problems(fig: Any, ax: Any) -> list[str]:
             pts = pts[np.linspace(0, len(pts) - 1, 3000).astype(int)]
         samples[i] = pts
     msgs = []
-    hidden: set[int] = set()
+    hidden: set[int] = set()  # lines already reported under an earlier one
     for k, (i, li) in enumerate(lines):
+        if i in hidden:
+            continue
+        under: list[tuple[int, Any, float]] = []
         for j, lj in lines[k + 1:]:
             if li.get_label() == lj.get_label() or j in hidden:
                 continue
@@ -395,9 +398,12 @@ def _overplot_problems(fig: Any, ax: Any) -> list[str]:
             d = max(float(np.max(_dist_to_polyline(pi, verts[j]))), float(np.max(_dist_to_polyline(pj, verts[i]))))
             if d < OVERPLOT_PX:
                 hidden.add(j)
-                msgs.append(f"{_axes_name(fig, ax)}: {_artist_name(lj, 'line', j)} and {_artist_name(li, 'line', i)} "
-                            f"are never more than {d:.2f} px apart: one curve hides the other (plot differences "
-                            "against a reference, small multiples, markers or a zoomed inset)")
+                under.append((j, lj, d))
+        if under:
+            names = ", ".join(_artist_name(lj, "line", j) for j, lj, _ in under)
+            msgs.append(f"{_axes_name(fig, ax)}: {names} never more than {max(d for *_, d in under):.2f} px from "
+                        f"{_artist_name(li, 'line', i)}: curves hidden under another (plot differences against a "
+                        "reference, small multiples, markers or a zoomed inset)")
     return msgs
 
 
@@ -476,7 +482,6 @@ def png_problems(data: bytes | bytearray | Iterable[int]) -> list[str]:
 #: what the hook found: [{"cell_id", "source_sha1", "execution_count", "figure", "problem"}]: the displaying cell's
 #: id as the kernel got it (None when the client sends none) and the SHA-1 of its source, the shell's execution
 #: count then (one ahead in some IPython versions), the figure's number in display order, the message
-
 RECORDED: list[dict[str, Any]] = []
 MARKER = "@@FIGCHECK@@"
 
@@ -526,7 +531,8 @@ def install_ipython_hook(shell: Any) -> None:
         except Exception as e:  # the checker's own failure is reported, never raised into the notebook
             found = [f"the figure check itself failed: {type(e).__name__}: {e}"]
         for p in found:
-            r = {"cell_id": cell["id"], "source_sha1": cell["source"], "execution_count": shell.execution_count, "figure": n, "problem": p}
+            r = {"cell_id": cell["id"], "source_sha1": cell["source"], "execution_count": shell.execution_count,
+                 "figure": n, "problem": p}
             if r not in RECORDED:  # the same figure displayed twice in one cell is reported once
                 RECORDED.append(r)
         return out
