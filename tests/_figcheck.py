@@ -6,8 +6,9 @@
   colour: at least 98% of its finite pixels fall in one of about 20 colour bins while the data in that bin still
   varies (an outlier sets the colour scale and hides everything else), or the whole image is a single colour;
 * **legend over data**: a legend box (display coordinates) over a plotted marker or scatter point, or over more
-  than 2% of the drawn length of a line (points clipped by their axes and the legend's own handles do not count;
-  ``axhline``/``axvline`` reference lines, spans and filled areas do not count);
+  than 2% of the drawn length of a line or of an unfilled outline (a step histogram, ``stairs``); points clipped
+  by their axes and the legend's own handles do not count, nor do ``axhline``/``axvline`` reference lines, spans,
+  bars and filled areas;
 * **stacked bars on a log axis**: bars of a bar container whose base is another bar's top (or whose bases
   differ from bar to bar) on a log- or symlog-scaled value axis: the lower segments swallow the upper ones;
 * **curves hidden under another**: two labelled lines of one axes, with different labels, that never get more
@@ -219,6 +220,17 @@ def _clip_box(artist: Any, ax: Any) -> Any:
     return cb if cb is not None else ax.bbox
 
 
+def _patch_vertices(patch: Any) -> np.ndarray:
+    """An unfilled patch's outline in display coordinates, its pieces NaN-separated."""
+    with np.errstate(all="ignore"):
+        tp = patch.get_transform().transform_path(patch.get_path())
+    pieces = [np.asarray(q, dtype=np.float64) for q in tp.to_polygons(closed_only=False) if len(q)]
+    if not pieces:
+        return np.empty((0, 2))
+    gap = np.full((1, 2), np.nan)
+    return np.concatenate([x for q in pieces for x in (q, gap)][:-1])
+
+
 def _legends(fig: Any) -> list[tuple[str, Any]]:
     out = []
     for ax in fig.axes:
@@ -264,6 +276,19 @@ def _legend_problems(fig: Any, renderer: Any) -> list[str]:
                     if total > 0 and under > LEGEND_LINE_FRACTION * total:
                         msgs.append(f"{where} covers {100 * under / total:.0f}% of the drawn length of {name} in "
                                     f"{_axes_name(fig, ax)}: move it (loc=) to an empty corner or outside")
+            for i, patch in enumerate(ax.patches):  # outlines: hist(histtype="step"), stairs(), unfilled polygons
+                if (patch.get_fill() or not patch.get_visible() or not patch.get_linewidth()
+                        or patch.get_linestyle() in _NO_LINE or not _is_data_transform(patch.get_transform(), ax)):
+                    continue
+                v = _patch_vertices(patch)
+                pts, w = _sample_polyline(v)
+                vis = _inside(pts, _clip_box(patch, ax)) if len(pts) else np.zeros(0, dtype=bool)
+                total = float(w[vis].sum()) if len(pts) else 0.0
+                under = float(w[vis & _inside(pts, box)].sum()) if len(pts) else 0.0
+                if total > 0 and under > LEGEND_LINE_FRACTION * total:
+                    msgs.append(f"{where} covers {100 * under / total:.0f}% of the drawn length of "
+                                f"{_artist_name(patch, 'outline', i)} in {_axes_name(fig, ax)}: move it (loc=) to "
+                                "an empty corner or outside")
             for i, coll in enumerate(ax.collections):
                 if not isinstance(coll, PathCollection) or not coll.get_visible():
                     continue

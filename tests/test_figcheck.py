@@ -155,6 +155,19 @@ def test_legend_over_scatter_and_on_a_twin_axes_is_flagged(new_fig):
     assert _only(problems(fig2), "'high on the twin'")
 
 
+def test_legend_over_a_step_histogram_is_flagged(new_fig):
+    rng = np.random.default_rng(6)
+    fig, (a, b) = new_fig(1, 2)
+    for ax in (a, b):
+        ax.hist(rng.uniform(-10, 10, size=20000), bins=40, histtype="step", label="values")
+    a.axvspan(-10, 0, alpha=0.2, label="rounds to 0")
+    a.legend(loc="upper right")  # a flat-topped histogram fills the top of the axes
+    b.legend(loc="lower center", bbox_to_anchor=(0.5, 1.02))  # above the axes
+    msgs = problems(fig)
+    assert len(msgs) == 1 and "of the drawn length of outline 'values'" in msgs[0], msgs
+    assert "axes #0" in msgs[0]
+
+
 def test_reference_lines_spans_and_clipped_points_do_not_count(new_fig):
     x = np.linspace(0, 1, 50)
     fig, ax = new_fig()
