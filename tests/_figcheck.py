@@ -11,8 +11,9 @@
   bars and filled areas;
 * **stacked bars on a log axis**: bars of a bar container whose base is another bar's top (or whose bases
   differ from bar to bar) on a log- or symlog-scaled value axis: the lower segments swallow the upper ones;
-* **curves hidden under another**: two labelled lines of one axes, with different labels, that never get more
-  than 1 pixel (at the figure's dpi) apart over their whole length;
+* **curves hidden under another**: two labelled lines of one axes, with different labels, that never get further
+  apart than 3/4 of the wider one's width (at least 1 pixel, at the figure's dpi) over their whole length, or two
+  marker-only series whose every marker lies within half a marker of one of the other's;
 * a figure that renders to one colour.
 
 :func:`png_problems` checks PNG bytes (a saved figure) for a one-colour image. Each message names the axes (its
@@ -38,7 +39,8 @@ ONE_COLOUR_FRACTION = 0.98
 COLOUR_BINS = 20
 #: a legend is over a line when more than this fraction of the line's drawn length is under it
 LEGEND_LINE_FRACTION = 0.02
-#: two curves are one on screen when they are never further apart than this, in pixels at the figure's dpi
+#: two curves are one on screen when they are never further apart than this (pixels at the figure's dpi), or than
+#: 3/4 of the wider line's width (half a marker for marker-only series) when that is more
 OVERPLOT_PX = 1.0
 
 
@@ -396,14 +398,36 @@ def _overplot_problems(fig: Any, ax: Any) -> list[str]:
              if ln.get_visible() and ln.get_alpha() != 0 and isinstance(ln.get_label(), str)
              and ln.get_label() and not ln.get_label().startswith("_") and _is_data_transform(ln.get_transform(), ax)]
     verts = {i: _visible_vertices(ln, ax) for i, ln in lines}
+    px_per_pt = fig.dpi / 72.0
+
+    def has_line(ln: Any) -> bool:
+        return ln.get_linestyle() not in _NO_LINE and ln.get_linewidth() > 0
+
     samples = {}
-    for i, _ in lines:
-        pts, _w = _sample_polyline(verts[i], step=2.0)
+    for i, ln in lines:
         fin = verts[i][np.isfinite(verts[i]).all(axis=1)]
+        pts = _sample_polyline(verts[i], step=2.0)[0] if has_line(ln) else np.empty((0, 2))
         pts = np.concatenate([fin, pts]) if len(pts) else fin
         if len(pts) > 3000:
             pts = pts[np.linspace(0, len(pts) - 1, 3000).astype(int)]
         samples[i] = pts
+
+    def tolerance(a: Any, b: Any) -> float | None:
+        """How close two artists must stay to hide one another, in pixels; None: not comparable."""
+        if has_line(a) and has_line(b):  # a line hides what stays within most of its width
+            return max(OVERPLOT_PX, 0.75 * px_per_pt * max(a.get_linewidth(), b.get_linewidth()))
+        markers = a.get_marker() not in _NO_MARKER and b.get_marker() not in _NO_MARKER
+        if markers and not has_line(a) and not has_line(b):
+            return max(OVERPLOT_PX, 0.5 * px_per_pt * min(a.get_markersize(), b.get_markersize()))
+        return None  # a line and a marker series: the markers stay visible on the line
+
+    def distance(a: int, pa: np.ndarray, la: Any, b: int, pb: np.ndarray) -> np.ndarray:
+        if has_line(la):
+            return _dist_to_polyline(pa, verts[b])
+        only = np.full((len(verts[b]) * 2, 2), np.nan)  # markers: point to point (NaN rows break every segment)
+        only[::2] = verts[b]
+        return _dist_to_polyline(pa, only)
+
     msgs = []
     hidden: set[int] = set()  # lines already reported under an earlier one
     for k, (i, li) in enumerate(lines):
@@ -413,15 +437,16 @@ def _overplot_problems(fig: Any, ax: Any) -> list[str]:
         for j, lj in lines[k + 1:]:
             if li.get_label() == lj.get_label() or j in hidden:
                 continue
+            tol = tolerance(li, lj)
             pi, pj = samples[i], samples[j]
-            if len(pi) < 2 or len(pj) < 2:
+            if tol is None or len(pi) < 2 or len(pj) < 2:
                 continue
             # cheap rejection on a few points first
             few = pi[np.linspace(0, len(pi) - 1, min(len(pi), 40)).astype(int)]
-            if np.max(_dist_to_polyline(few, verts[j])) >= OVERPLOT_PX:
+            if np.max(distance(i, few, li, j, pj)) >= tol:
                 continue
-            d = max(float(np.max(_dist_to_polyline(pi, verts[j]))), float(np.max(_dist_to_polyline(pj, verts[i]))))
-            if d < OVERPLOT_PX:
+            d = max(float(np.max(distance(i, pi, li, j, pj))), float(np.max(distance(j, pj, lj, i, pi))))
+            if d < tol:
                 hidden.add(j)
                 under.append((j, lj, d))
         if under:

@@ -235,6 +235,26 @@ def test_identical_curves_are_flagged_distinct_ones_not(new_fig):
     assert problems(fig, overplot=False) == []
 
 
+def test_curves_within_a_line_width_and_coinciding_markers_are_flagged(new_fig):
+    """06's loss panel: fp16-no-master's dotted curve 1.0 px from fp32's 1.6 pt line is hidden under it, and so
+    are its held-out dots under fp32's; curves 6 px apart are not."""
+    x = np.linspace(0, 1, 200)
+    fig, (a, b) = new_fig(1, 2)
+    for ax in (a, b):
+        ax.set_ylim(0, 1)
+    h = a.bbox.height
+    a.plot(x, 0.2 + 0.5 * x, lw=1.6, label="fp32 (train)")
+    a.plot(x, 0.2 + 0.5 * x + 1.0 / h, ":", lw=1.6, label="fp16-no-master (train)")
+    a.plot(x[::50], 0.21 + 0.5 * x[::50], "o", ms=4, label="fp32 (held out)")
+    a.plot(x[::50], 0.21 + 0.5 * x[::50] + 1.0 / h, "o", ms=4, label="fp16-no-master (held out)")
+    b.plot(x, 0.2 + 0.5 * x, lw=1.6, label="fp32")
+    b.plot(x, 0.2 + 0.5 * x + 6.0 / h, lw=1.6, label="seed 1")
+    msgs = problems(fig)
+    assert len(msgs) == 2, msgs
+    assert "'fp16-no-master (train)' never more than" in msgs[0] and "'fp32 (train)'" in msgs[0]
+    assert "'fp16-no-master (held out)' never more than" in msgs[1] and "'fp32 (held out)'" in msgs[1]
+
+
 def test_a_line_and_its_unlabelled_markers_are_not_overplotting(new_fig):
     x = np.linspace(0, 1, 20)
     fig, ax = new_fig()
