@@ -559,7 +559,9 @@ def install_ipython_hook(shell: Any) -> None:
                 break
             except KeyError:
                 continue
-    if printer is None or getattr(printer, "_figcheck", False):
+    if printer is None:  # nothing would be checked: say so rather than pass every notebook
+        raise RuntimeError("the figure check found no figure printer to wrap: is the inline backend loaded?")
+    if getattr(printer, "_figcheck", False):
         return
     import hashlib
 

@@ -329,3 +329,59 @@ def test_gallery_pngs_are_not_one_colour():
     assert pngs
     bad = [f"{p.name}: {m}" for p in pngs for m in png_problems(p.read_bytes())]
     assert not bad, bad
+
+
+# --------------------------------------------------------------------------- the notebook wiring
+
+@pytest.mark.slow
+def test_notebook_hook_reports_each_figure_and_leaves_outputs_alone(tmp_path, monkeypatch):
+    """tests/test_notebooks.py's injected cells: every displayed figure is checked (plt.show(), the inline
+    backend's display at the end of a cell, display() of a closed figure, a figure as the cell's value), each
+    problem is named by the committed cell that showed it, and the notebook's own outputs are the same as
+    without the injected cells."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    pytest.importorskip("matplotlib_inline")
+    from test_notebooks import _figcheck_problems, _with_figcheck
+
+    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    code = [
+        "import numpy as np\nimport matplotlib.pyplot as plt\nx = np.linspace(0, 1, 50)",
+        "fig, ax = plt.subplots()\nz = np.zeros((20, 20)) + np.arange(20) * 1e-3\nz[0, 0] = 1e4\nax.imshow(z)\n"
+        "ax.set_title('ulps')",
+        "fig, ax = plt.subplots()\nax.plot(x, 0 * x + 0.5, 'o', label='a')\nax.legend(loc='center')\nplt.show()\n"
+        "print('shown')",
+        "fig, ax = plt.subplots()\nax.bar([0, 1], [1, 10]); ax.bar([0, 1], [5, 5], bottom=[1, 10])\n"
+        "ax.set_yscale('log')\nplt.close(fig)\ndisplay(fig)",
+        "fig, ax = plt.subplots()\nax.plot(x, x, label='a'); ax.plot(x, x, label='b')\nax.legend(loc='lower right')\nfig",
+        "fig, ax = plt.subplots()\nax.plot(x, x, label='fine'); ax.legend(loc='upper left')",
+    ]
+
+    def notebook():
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [nbformat.v4.new_markdown_cell("# toy")] + [nbformat.v4.new_code_cell(c) for c in code]
+        return nb
+
+    def run(nb):
+        nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
+                                resources={"metadata": {"path": str(tmp_path)}}).execute()
+        return nb
+
+    plain = run(notebook())
+    nb, first, last = _with_figcheck(notebook())
+    run(nb)
+    found = _figcheck_problems(nb, first, last)
+    assert [f.split(":")[0] for f in found] == ["cell 2, figure 1", "cell 3, figure 2", "cell 4, figure 3",
+                                                "cell 5, figure 4"], found
+    assert "one colour" in found[0] and "legend" in found[1] and "stacked" in found[2] and "hidden" in found[3]
+
+    def outputs(cells):  # execution counts and object addresses differ between any two runs
+        import json
+        import re
+
+        return [re.sub(r" at 0x[0-9a-f]+", "", json.dumps(
+            [{k: v for k, v in o.items() if k != "execution_count"} for o in c.outputs], sort_keys=True))
+            for c in cells if c.cell_type == "code"]
+
+    assert outputs(nb.cells[1:-1]) == outputs(plain.cells)
