@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import importlib.util
 import json
@@ -84,7 +85,8 @@ _FIGCHECK_FIRST = """\
 import sys as _fc_sys
 _fc_sys.path.insert(0, {tests!r})
 import matplotlib.pyplot as _fc_plt
-_fc_plt._get_backend_mod()  # loads the inline backend now (else at the first figure): its printer exists to wrap
+# load the inline backend now (else at the first figure), so that its figure printer exists to be wrapped
+getattr(_fc_plt, "_get_backend_mod", lambda: _fc_plt.switch_backend(_fc_plt.rcParams["backend"]))()
 import _figcheck as _fc
 _fc.install_ipython_hook(get_ipython())
 del _fc_sys, _fc_plt, _fc
@@ -120,8 +122,6 @@ def _figcheck_problems(nb, first, last) -> list[str]:
         where = f"cell {i - 1}" if i is not None else f"execution {r['execution_count']}"
         out.append(f"{where}, figure {r['figure']}: {r['problem']}")
     # every PNG in the outputs (figures and images shown with IPython.display.Image alike): not one colour
-    import base64
-
     for i, c in enumerate(nb.cells):
         if c.cell_type != "code" or c is first or c is last:
             continue
