@@ -3,8 +3,10 @@
 :func:`problems` draws a matplotlib Figure with the Agg renderer and returns one message per problem found:
 
 * **one-colour image**: an ``imshow``/``matshow``/``pcolormesh`` whose colour-mapped pixels are effectively one
-  colour: at least 98% of its finite pixels fall in one of about 20 colour bins while the data in that bin still
-  varies (an outlier sets the colour scale and hides everything else), or the whole image is a single colour;
+  colour: at least 98% of its finite pixels are drawn in one colour (RGBA as drawn, through the artist's norm
+  and colormap, binned at 20 levels per channel) while the data of those pixels still varies (an outlier sets
+  the colour scale and hides everything else), or the whole image is a single colour (a sparse mask on a uniform
+  background is fine: every pixel that differs is visible);
 * **legend over data**: a legend box (display coordinates) over a plotted marker or scatter point, or over more
   than 2% of the drawn length of a line or of an unfilled outline (a step histogram, ``stairs``); points clipped
   by their axes and the legend's own handles do not count, nor do ``axhline``/``axvline`` reference lines, spans,
@@ -18,6 +20,9 @@
 
 :func:`png_problems` checks PNG bytes (a saved figure) for a one-colour image. Each message names the axes (its
 title, else its y label, else its number) and the artist (its label, else its kind and number).
+
+:func:`install_ipython_hook` runs :func:`problems` inside a notebook's kernel on every figure it displays
+(tests/test_notebooks.py injects the cells that call it).
 
 Not detected: curves hidden behind a *filled* artist, legends over bars or text, images whose colour scale is
 merely poor (not one colour), axis ranges that hide an effect, meaningless ticks; those still need an eye.
