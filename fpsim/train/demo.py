@@ -12,6 +12,7 @@ import json
 import math
 import os
 import platform
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
