@@ -105,8 +105,28 @@ def plot_loss_curves(histories: Mapping[str, Any], path: str) -> str:
         y = np.asarray(h["loss"], dtype=float)
         return _smooth(y, max(1, y.size // 40))
 
+    # A curve that stays within 1% of the log axis's range of the reference's is drawn, but shares the
+    # reference's legend entry: a legend must not promise curves the eye cannot find (the panels below
+    # separate them).
+    on_ref: list[str] = []
+    if ref is not None:
+        ys = {n: smooth(h) for n, h in runs}
+        pos = np.concatenate([y[np.isfinite(y) & (y > 0)] for y in ys.values()] + [np.ones(1)])
+        span = max(float(np.log(pos.max() / pos.min())), 1e-12)
+        yr0 = ys[ref]
+        for n, _ in others:
+            m = min(ys[n].size, yr0.size)
+            a, b = ys[n][:m], yr0[:m]
+            ok = np.isfinite(a) & np.isfinite(b) & (a > 0) & (b > 0)
+            if m and ok.all() and float(np.max(np.abs(np.log(a / b)))) < 0.01 * span:
+                on_ref.append(n)
     for i, (name, h) in enumerate(runs):
-        ax.plot(h["step"], smooth(h), color=_color(name, i), lw=1.5, label=name, ls=_ls(name, i))
+        label = name
+        if name in on_ref:
+            label = "_" + name
+        elif name == ref and on_ref:
+            label = f"{name} and {len(on_ref)} {'policy' if len(on_ref) == 1 else 'policies'} on it (see below)"
+        ax.plot(h["step"], smooth(h), color=_color(name, i), lw=1.5, label=label, ls=_ls(name, i))
         if h["eval_step"]:
             ax.plot(h["eval_step"][-1], h["eval_loss"][-1], "o", color=_color(name, i), ms=5)
     ax.set_yscale("log")
