@@ -51,6 +51,7 @@ from ._fpenv import ieee_mode
 from ._names import norm_name, parse_name
 from .formats import Format, as_format, format_names
 from .rounding import round as _fround
+from .scaling._tensor import _presaturate
 
 __all__ = [
     "AUDIT_JSON_VERSION",
@@ -1035,7 +1036,7 @@ def _nvfp4_rows(p: np.ndarray, gam: np.ndarray) -> tuple[np.ndarray, np.ndarray]
         d = np.asarray(_fround(d32, fp8, "rne", overflow="saturate"), dtype=f32)
         enc = np.minimum((f32(1.0) / (d * s_dec[:, None]).astype(f32)).astype(f32), fmax).astype(f32)
         scaled = (a32.reshape(a32.shape[0], -1, 16) * enc[:, :, None]).reshape(a32.shape).astype(f32, copy=False)
-    S._presaturate(scaled, fp4)
+    _presaturate(scaled, fp4)
     q = np.asarray(_fround(scaled, fp4, "rne", overflow="saturate")).astype(p.dtype, copy=False)
     with np.errstate(over="ignore", invalid="ignore"):  # as _quantize: float32 decode scale, one multiply
         s = (d * s_dec[:, None]).astype(f32)

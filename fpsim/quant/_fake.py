@@ -11,7 +11,7 @@ import numpy as np
 
 from .._fpenv import ieee_mode
 from .._interop import returns_input_kind
-from ..scaling import _as_float, _out
+from ..scaling._common import _as_float, _out
 
 
 _F32 = np.float32

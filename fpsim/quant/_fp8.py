@@ -12,8 +12,9 @@ from .._fpenv import ieee_mode
 from .._interop import returns_input_kind
 from ..formats import FormatLike, as_format
 from ..rounding import RoundingLike
-from ..scaling import BlockLike, _as_float, _out, _scaled
-from ..scaling import fake_quantize as _float_fake_quantize
+from ..scaling._common import BlockLike, _as_float, _out
+from ..scaling._tensor import _scaled
+from ..scaling._tensor import fake_quantize as _float_fake_quantize
 from ._fake import _float_input
 
 

@@ -16,7 +16,7 @@ from .._names import parse_name
 from ..amp.policy import Policy
 from ..amp.runtime import PolicyRuntime
 from ._fake import _fma32, _int
-from ..scaling import _as_float
+from ..scaling._common import _as_float
 
 __all__ = [
     "ENGINES",

@@ -11,7 +11,7 @@ import numpy as np
 
 from .._fpenv import ieee_mode
 from .._interop import returns_input_kind
-from ..scaling import _as_float, _out
+from ..scaling._common import _as_float, _out
 from ._fake import _F32, _TWO63, _check_range, _float_input, _fma32, _fq_per_tensor, _int, _scalar_scale
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from .._fpenv import ieee_mode
-from ..scaling import _as_float
+from ..scaling._common import _as_float
 from ._fake import _EPS32, _F32, _int, fake_quantize_with_mask
 
 
