@@ -51,6 +51,9 @@ inference, NF4); this module re-exports its names, so ``fpsim.quant_nf4`` stays 
 
 from __future__ import annotations
 
+# the valid options, not in __all__ (as before the move), re-exported explicitly
+from .quant._nf4 import ABSMAX_SEARCHES as ABSMAX_SEARCHES
+from .quant._nf4 import BLOCKSIZES as BLOCKSIZES
 from .quant._nf4 import (NF4, NF4Absmax, NF4Tensor, dynamic_map, nf4_bits_per_parameter, nf4_dequantize, nf4_pack,
                          nf4_quantize, nf4_unpack, torch_float32_sum)
 
