@@ -171,15 +171,15 @@ def main() -> None:
                             dt = time.perf_counter() - t0
                     else:
                         mod = base_mod if workers == "0 before" else A
-                        new_s = A.S
+                        new_s = A._judge.S
                         if workers == "0 scaling before":
-                            A.S = scal_mod
+                            A._judge.S = scal_mod
                         try:
                             t0 = time.perf_counter()
                             rep = mod.audit_checkpoint(path, tg, workers=int(workers.split()[0]))
                             dt = time.perf_counter() - t0
                         finally:
-                            A.S = new_s
+                            A._judge.S = new_s
                     assert len(rep["tensors"]) == n_t
                     if serial is None:
                         serial = rep["tensors"]
@@ -198,7 +198,7 @@ def main() -> None:
                     "if w == 'before':\n"
                     "    s = importlib.util.spec_from_file_location('fpsim._audit_baseline', base)\n"
                     "    M = importlib.util.module_from_spec(s); sys.modules[s.name] = M; s.loader.exec_module(M)\n"
-                    "if w == 'after, as fpsim audit': A._tune_malloc(own_process=True)\n"
+                    "if w == 'after, as fpsim audit': A._checkpoint._tune_malloc(own_process=True)\n"
                     "M.audit_checkpoint(small, tg, workers=0)\n"
                     "t0, c0 = time.perf_counter(), time.process_time()\nM.audit_checkpoint(p, tg, workers=0)\n"
                     "print(time.perf_counter() - t0, time.process_time() - c0)\n")

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import fpsim.audit as A
+from fpsim.audit import _judge, _safetensors
 import fpsim.scaling as S
 from fpsim.cli import main
 
@@ -53,8 +54,8 @@ def no_data_read(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         calls.append(a)
         raise AssertionError("tensor data was read")
 
-    monkeypatch.setattr(A._Mapped, "read", boom)
-    monkeypatch.setattr(A.np, "memmap", boom)
+    monkeypatch.setattr(_safetensors._Mapped, "read", boom)
+    monkeypatch.setattr(np, "memmap", boom)
     return calls
 
 
@@ -78,7 +79,7 @@ def test_header_matches_safetensors_numpy(tmp_path: Path) -> None:
             ref = f.get_tensor(t.name)
             assert tuple(ref.shape) == t.shape
             if t.dtype in A.DTYPES and t.numel:
-                m = A._Mapped(t)
+                m = _safetensors._Mapped(t)
                 got = m.read(0, m.R, 0, m.C).reshape(t.shape)
                 np.testing.assert_array_equal(got, ref.astype(got.dtype))
 
@@ -96,7 +97,7 @@ def test_header_and_values_match_safetensors_torch(tmp_path: Path) -> None:
                                                "f16": "F16", "f32": "F32"}
     loaded = stt.load_file(str(p))
     for t in infos:
-        m = A._Mapped(t)
+        m = _safetensors._Mapped(t)
         got = m.read(0, m.R, 0, m.C)
         np.testing.assert_array_equal(got, loaded[t.name].float().numpy().reshape(got.shape), err_msg=t.name)
     rep = A.audit_checkpoint(p, ["fp8_e4m3:none"], workers=0)
@@ -117,7 +118,7 @@ def test_save_safetensors_read_by_the_library(tmp_path: Path) -> None:
             np.testing.assert_array_equal(f.get_tensor(k), arrays[k])
     infos = {t.name: t for t in A.read_header(p)[0]}
     assert infos["b"].dtype == "BF16" and infos["f8"].dtype == "F8_E4M3"
-    m = A._Mapped(infos["b"])
+    m = _safetensors._Mapped(infos["b"])
     np.testing.assert_array_equal(m.read(0, m.R, 0, m.C), arrays["b"].astype(np.float32))
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
     with pytest.raises(TypeError, match="complex128"):
@@ -275,7 +276,7 @@ def test_parse_target() -> None:
         A.parse_target("e8m0:tensor")
     with pytest.raises(TypeError, match="target must be a string"):
         A.parse_target(3)  # type: ignore[arg-type]
-    assert [t.name for t in A._parse_targets(["fp8_e4m3:tensor,fp4_e2m1:mx32", "FP8_E4M3:tensor"])] == [
+    assert [t.name for t in _judge._parse_targets(["fp8_e4m3:tensor,fp4_e2m1:mx32", "FP8_E4M3:tensor"])] == [
         "fp8_e4m3:tensor", "fp4_e2m1:mx32"]
 
 
@@ -422,10 +423,10 @@ def test_chunked_equals_whole_tensor(tmp_path: Path, shape: tuple[int, ...]) -> 
     t = A.list_tensors(p)[0]
     whole = A.audit_tensor(t, ALL, chunk=1 << 30)
     small = A.audit_tensor(t, ALL, chunk=256)
-    x2 = x.reshape(A._as_2d(x.shape))
-    piece = A._Piece(x2)
+    x2 = x.reshape(_safetensors._as_2d(x.shape))
+    piece = _judge._Piece(x2)
     for name in ALL:
-        acc = A._Acc(A.parse_target(name))
+        acc = _judge._Acc(A.parse_target(name))
         acc.add(piece, *_whole(x2, name))
         ref = acc.result()
         for got in (whole["targets"][name], small["targets"][name]):
@@ -653,7 +654,7 @@ def test_fast_dequantize_bit_identical_to_scaling(dtype: type) -> None:
     for name in ("fp8_e4m3:mx32", "fp8_e5m2:mx32", "fp4_e2m1:mx32", "fp6_e2m3:mx32", "fp4_e2m1:nvfp4"):
         tg = A.parse_target(name)
         amax = np.fmax.reduce(np.abs(x), axis=None)
-        q, d = A._quantize(tg, x, {"gamax": float(np.float32(amax))}, 0, x.shape[0])
+        q, d = _judge._quantize(tg, x, {"gamax": float(np.float32(amax))}, 0, x.shape[0])
         if tg.scaling == "mx32":
             qr, s = S.mx_quantize(x, tg.fmt)
             dr = S.mx_dequantize(qr, s)
@@ -667,7 +668,7 @@ def test_fast_dequantize_bit_identical_to_scaling(dtype: type) -> None:
 
 
 def test_grouped_pieces_give_the_same_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Pass 2 handles several pieces at once (A._GROUP) with every float sum still taken piece by piece:
+    """Pass 2 handles several pieces at once (_judge._GROUP) with every float sum still taken piece by piece:
     the report is identical, bit for bit, to one piece at a time."""
     x = (RNG.standard_normal((300, 260)) * np.exp(RNG.uniform(-8, 8, (300, 260)))).astype(np.float32)
     x[17, 3], x[200, 9], x[201, 0] = np.nan, np.inf, 0.0
@@ -676,8 +677,8 @@ def test_grouped_pieces_give_the_same_report(tmp_path: Path, monkeypatch: pytest
     p = A.save_safetensors({"x": x, "y": y, "z": x.astype(np.float64)}, tmp_path / "m.safetensors")
     rows = [t for t in ALL if not t.endswith("128x128")]  # row bands of 2 rows, grouped by 4
     runs = [(rows, 128 * 5), (ALL, 128 * 300)]  # 128x128 blocks: bands of 128 rows, grouped
-    assert len(A._groups(A._pieces(300, 260, 1, 128 * 5), A._GROUP * 128 * 5)) < 150
-    assert len(A._groups(A._pieces(300, 260, 128, 128 * 300), A._GROUP * 128 * 300)) < 3
+    assert len(_judge._groups(_safetensors._pieces(300, 260, 1, 128 * 5), _judge._GROUP * 128 * 5)) < 150
+    assert len(_judge._groups(_safetensors._pieces(300, 260, 128, 128 * 300), _judge._GROUP * 128 * 300)) < 3
     grouped = [A.to_json(A.audit_checkpoint(p, tg, workers=0, chunk=c)) for tg, c in runs]
-    monkeypatch.setattr(A, "_GROUP", 1)
+    monkeypatch.setattr(_judge, "_GROUP", 1)
     assert [A.to_json(A.audit_checkpoint(p, tg, workers=0, chunk=c)) for tg, c in runs] == grouped

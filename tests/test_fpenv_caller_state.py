@@ -511,7 +511,7 @@ EXEMPT: dict[str, str] = {
         "fpsim.amp.policy.policy_names", "fpsim.amp.policy.register_policy", "fpsim.train.data.task_names",
         "fpsim.gpu._device.require_cupy"]},
     **{n: "argparse wiring (the command it registers is guarded)" for n in [
-        "fpsim.audit.register_cli", "fpsim.gpu.cli.register_cli", "fpsim.plan.cli.register_cli",
+        "fpsim.audit._cli.register_cli", "fpsim.gpu.cli.register_cli", "fpsim.plan.cli.register_cli",
         "fpsim.train.cli.register_cli"]},
     **{n: "pytest hook: pluggy introspects its arguments; the assertions it runs are guarded" for n in [
         "fpsim.testing.plugin.pytest_addoption", "fpsim.testing.plugin.pytest_configure",

@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 
 import fpsim.audit as A
+from fpsim.audit import _cli as audit_cli  # the command (the name _cli is this file's helper)
+from fpsim.audit import _judge, _safetensors
 from fpsim.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +93,7 @@ def test_open_regular_checks_the_opened_file_too(tmp_path: Path, monkeypatch: py
         st = real_fstat(fd)
         return os.stat_result((stat.S_IFIFO | 0o644,) + tuple(st)[1:])
 
-    monkeypatch.setattr(A.os, "fstat", fake_fstat)
+    monkeypatch.setattr(os, "fstat", fake_fstat)
     with pytest.raises(A.SafetensorsError, match="is a FIFO"):
         A.read_header(p)
 
@@ -131,7 +133,7 @@ def test_file_shrinking_while_being_read_is_an_error_not_sigbus(tmp_path: Path) 
             m = real_memmap(*a, **k)
             cut()
             return m
-        A.np.memmap = memmap
+        np.memmap = memmap
         if hasattr(os, "preadv"):
             real = os.preadv
             def preadv(*a):
@@ -298,7 +300,7 @@ def test_bad_plot_folder_refused_before_the_audit(tmp_path: Path, monkeypatch: p
     p = _raw(tmp_path / "ok.safetensors", GOOD, w)
     calls: list[Any] = []
     real = A.audit_checkpoint
-    monkeypatch.setattr(A, "audit_checkpoint", lambda *a, **k: calls.append(a) or real(*a, **k))
+    monkeypatch.setattr(audit_cli, "audit_checkpoint", lambda *a, **k: calls.append(a) or real(*a, **k))
     for bad in (tmp_path / "ok.safetensors" / "plots", tmp_path / "ok.safetensors"):
         rc, out, err = _cli("audit", str(p), "--plot", str(bad))
         assert rc == 2 and "--plot" in err and "not a folder" in err and len(err.splitlines()) == 1
@@ -318,7 +320,7 @@ def test_late_plot_failure_still_prints_the_report(tmp_path: Path, monkeypatch: 
     def disk_full(*a: Any, **k: Any) -> Any:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(A, "plot_audit", disk_full)
+    monkeypatch.setattr(audit_cli, "plot_audit", disk_full)
     rc, out, err = _cli("audit", str(p), "--json", "--plot", str(tmp_path / "plots"))
     assert rc == 1 and "No space left" in err
     assert json.loads(out)["tensors"][0]["name"] == "a"
@@ -361,9 +363,10 @@ def test_f64_checkpoints_use_float32_scales(target: str) -> None:
     rng = np.random.default_rng(7)
     x = rng.standard_normal((130, 256)) * np.exp(rng.uniform(-20, 20, (130, 1)))
     tg = A.parse_target(target)
-    ctx = {"scale": A.S.compute_scale(np.abs(x).max(), tg.fmt),
-           "row_scale": A.S.compute_scale(np.abs(x).max(axis=1), tg.fmt), "gamax": float(np.float32(np.abs(x).max()))}
-    q, d = A._quantize(tg, x, ctx, 0, x.shape[0])
+    ctx = {"scale": _judge.S.compute_scale(np.abs(x).max(), tg.fmt),
+           "row_scale": _judge.S.compute_scale(np.abs(x).max(axis=1), tg.fmt),
+           "gamax": float(np.float32(np.abs(x).max()))}
+    q, d = _judge._quantize(tg, x, ctx, 0, x.shape[0])
     assert d.dtype == np.float64
     nz = q != 0
     ratio = d[nz] / q[nz]
@@ -440,7 +443,7 @@ def test_batched_small_tensors_identical_to_one_at_a_time(tmp_path: Path) -> Non
     rng = np.random.default_rng(5)
     p = A.save_safetensors(_small_tensors(rng), tmp_path / "s.safetensors")
     infos = A.list_tensors(p)
-    assert all(A._batchable(t, [A.parse_target(g) for g in BATCH_TARGETS], A._CHUNK) for t in infos)
+    assert all(_judge._batchable(t, [A.parse_target(g) for g in BATCH_TARGETS], _safetensors._CHUNK) for t in infos)
     rep = A.audit_checkpoint(p, BATCH_TARGETS, workers=0)
     one = [A.audit_tensor(t, BATCH_TARGETS) for t in infos]  # the per-tensor path, piece by piece
     assert A.to_json({"t": rep["tensors"]}) == A.to_json({"t": one})
@@ -452,10 +455,10 @@ def test_batches_are_split_and_regrouped_in_order(tmp_path: Path, monkeypatch: p
     tensors = _small_tensors(rng)
     p = A.save_safetensors(tensors, tmp_path / "s.safetensors")
     full = A.to_json(A.audit_checkpoint(p, BATCH_TARGETS, workers=0))
-    monkeypatch.setattr(A, "_BATCH_TENSORS", 3)
-    monkeypatch.setattr(A, "_BATCH_ELEMS", 1024)
+    monkeypatch.setattr(_judge, "_BATCH_TENSORS", 3)
+    monkeypatch.setattr(_judge, "_BATCH_ELEMS", 1024)
     assert A.to_json(A.audit_checkpoint(p, BATCH_TARGETS, workers=0)) == full
-    monkeypatch.setattr(A, "_SMALL", 0)  # nothing batched: the per-tensor path
+    monkeypatch.setattr(_judge, "_SMALL", 0)  # nothing batched: the per-tensor path
     assert A.to_json(A.audit_checkpoint(p, BATCH_TARGETS, workers=0)) == full
 
 
@@ -469,20 +472,20 @@ def test_many_tiny_tensors_cost_no_per_tensor_quantiser_calls(tmp_path: Path, mo
     p = _raw(tmp_path / "many.safetensors", hdr, np.arange(n, dtype=np.float32).tobytes())
     calls = {"quant": 0, "parse": 0}
     for name in ("quantize", "scale_and_quantize", "mx_quantize", "nvfp4_quantize", "compute_scale"):
-        real = getattr(A.S, name)
+        real = getattr(_judge.S, name)
 
         def counted(*a: Any, _real: Any = real, **k: Any) -> Any:
             calls["quant"] += 1
             return _real(*a, **k)
 
-        monkeypatch.setattr(A.S, name, counted)
+        monkeypatch.setattr(_judge.S, name, counted)
     real_parse = A.parse_target
 
     def parse(v: Any) -> Any:
         calls["parse"] += 1
         return real_parse(v)
 
-    monkeypatch.setattr(A, "parse_target", parse)
+    monkeypatch.setattr(_judge, "parse_target", parse)
     rep = A.audit_checkpoint(p, workers=0)  # the five default targets
     assert len(rep["tensors"]) == n and rep["tensors"][-1]["amax"] == n - 1
     assert calls["quant"] <= 5 * 2 * (n // 1000 + 1), calls  # batches of ~1000 rows of 128

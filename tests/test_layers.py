@@ -35,6 +35,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("arithmetic", ("arith", "array")),
     ("matrix units", ("_sumtree", "accumulate", "mma")),
     ("layers", ("nn",)),
+    # quant/ holds fake quantization, NF4 and integer inference; quant_int and quant_nf4 re-export the last two
     ("precision", ("amp", "quant", "quant_int", "quant_nf4", "scaling")),
     ("training", ("train",)),
     ("edges", ("cli", "audit", "plot", "plan", "gpu", "testing")),

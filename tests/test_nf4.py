@@ -227,7 +227,7 @@ def test_blockwise8_lut_rule_on_boundaries():
     F = _bnb()
     import torch
     from _versions import BITSANDBYTES_CPU_LUT_QUANTIZE_SEEN_ON, bitsandbytes_version
-    from fpsim.quant_nf4 import _quantize_blockwise8
+    from fpsim.quant._nf4 import _quantize_blockwise8
     if bitsandbytes_version() not in BITSANDBYTES_CPU_LUT_QUANTIZE_SEEN_ON:
         pytest.skip(f"LUT rule observed on bitsandbytes {BITSANDBYTES_CPU_LUT_QUANTIZE_SEEN_ON} only")
     v, _ = _in_unit_blocks(_boundary_values())
@@ -244,7 +244,7 @@ def test_bitsandbytes_cpu_lut_is_not_nearest():
     F = _bnb()
     import torch
     from _versions import BITSANDBYTES_CPU_LUT_QUANTIZE_SEEN_ON, bitsandbytes_version
-    from fpsim.quant_nf4 import _quantize_blockwise8
+    from fpsim.quant._nf4 import _quantize_blockwise8
     m64 = dynamic_map().astype(np.float64)
     # values just on the near side of a map midpoint (nearest: the first index; bitsandbytes: the second)
     specific = np.float32([-0.9859463572502136, -0.5499979853630066, 0.9296956658363342])

@@ -157,7 +157,7 @@ def test_import_is_light():
 
 def test_fma32_single_rounding_against_mpfr():
     gmpy2 = pytest.importorskip("gmpy2")
-    from fpsim.quant import _fma32
+    from fpsim.quant._fake import _fma32
 
     def oracle(a: float, b: float, c: float) -> float:
         with gmpy2.context(precision=24, round=gmpy2.RoundToNearest, emin=-148, emax=128, subnormalize=True):

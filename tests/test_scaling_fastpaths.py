@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import fpsim.scaling as S
+from fpsim.scaling import _common, _mx
 
 
 def _bits(a: Any) -> np.ndarray:
@@ -31,11 +32,11 @@ def _old_amax_block(a: np.ndarray, full: tuple[int, ...]) -> np.ndarray:
     m = np.abs(a)
     if a.size == 0:
         return np.zeros(tuple(s // b for s, b in zip(a.shape, full)), dtype=a.dtype)
-    return S._blocked(m, full).max(axis=tuple(range(1, 2 * a.ndim, 2)))
+    return _common._blocked(m, full).max(axis=tuple(range(1, 2 * a.ndim, 2)))
 
 
 def _old_mx_dequantize(q: np.ndarray, scales: Any, block: int, axis: int) -> np.ndarray:
-    a, b, ax = S._mx_prepare(q, block, axis)
+    a, b, ax = _mx._mx_prepare(q, block, axis)
     s = np.asarray(scales, dtype=np.float64)
     moved = np.moveaxis(a, ax, -1)
     shp = moved.shape
@@ -48,10 +49,10 @@ def _old_mx_dequantize(q: np.ndarray, scales: Any, block: int, axis: int) -> np.
 
 def _old_nvfp4_dequantize(q: np.ndarray, bs: Any, g: Any, block: Any, axis: Any) -> np.ndarray:
     a = np.asarray(q)
-    full = S._nvfp4_block(a.shape, block, axis)
+    full = _mx._nvfp4_block(a.shape, block, axis)
     with np.errstate(over="ignore", invalid="ignore"):
         s = (np.asarray(bs, dtype=np.float32) * np.float32(g)).astype(np.float32)
-        out = S._apply(a.astype(np.float64), s.astype(np.float64), None, full, np.multiply)
+        out = _common._apply(a.astype(np.float64), s.astype(np.float64), None, full, np.multiply)
         return out.astype(a.dtype)  # (the old code cast outside errstate: a RuntimeWarning on overflow)
 
 
@@ -82,7 +83,7 @@ CARRIERS = [np.float32, np.float64]
 def test_amax_block_bit_identical(dtype: Any, block: Any) -> None:
     x = _hostile(dtype)
     x0 = x.copy()
-    full = S._block_shape(x.shape, block)
+    full = _common._block_shape(x.shape, block)
     _same(S.amax(x, block=block), _old_amax_block(x, full))
     np.testing.assert_array_equal(_bits(x), _bits(x0))  # input untouched
 
@@ -92,12 +93,12 @@ def test_amax_block_layouts_and_shapes(dtype: Any) -> None:
     x = _hostile(dtype, (8, 128), seed=1)
     for v in (x.T, np.asfortranarray(x), x[::2], x[:, ::2], x.T[::2]):  # non-contiguous views
         blk = (1, 16) if v.shape[1] % 16 == 0 else (1, v.shape[1])
-        _same(S.amax(v, block=blk), _old_amax_block(v, S._block_shape(v.shape, blk)))
+        _same(S.amax(v, block=blk), _old_amax_block(v, _common._block_shape(v.shape, blk)))
     for shp, blk in (((64,), 16), ((64,), 64), ((2, 3, 32), (1, 1, 16)), ((2, 3, 32), (1, 3, 16)), ((0, 32), (1, 16)),
                      ((4, 0), (1, 1))):
         v = np.resize(_hostile(dtype, (4, 128), seed=2).reshape(-1), shp).astype(dtype) if 0 not in shp \
             else np.zeros(shp, dtype)
-        _same(S.amax(v, block=blk), _old_amax_block(v, S._block_shape(v.shape, blk)))
+        _same(S.amax(v, block=blk), _old_amax_block(v, _common._block_shape(v.shape, blk)))
 
 
 @pytest.mark.parametrize("dtype", CARRIERS)
