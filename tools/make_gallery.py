@@ -106,7 +106,8 @@ def demo_figures(demo: str | None) -> list[Path]:
                 im = Image.open(src)
                 im.thumbnail((900, 900))  # the report's PNGs are large; the gallery needs a preview
                 p = OUT / f"demo-{key}.png"
-                im.save(p, optimize=True)
+                # a 256-colour palette: line plots use a few dozen colours, and the page stays light
+                im.convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(p, optimize=True)
                 out.append(p)
     finally:
         if tmp is not None:
