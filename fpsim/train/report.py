@@ -245,6 +245,20 @@ def _overlap_label(name: str, v: np.ndarray, drawn: Mapping[str, np.ndarray]) ->
     return name
 
 
+def _plot_share(ax: Any, name: str, i: int, steps: Any, y: np.ndarray, drawn: dict[str, np.ndarray], *,
+                lw: float) -> bool:
+    """One run's share per step (in %, smoothed) on a log axis, labelled against the curves already drawn; a
+    run that is 0 at every step cannot be drawn there and says so in the legend (returns False)."""
+    v = 100 * _smooth(y, max(1, y.size // 50))
+    if not (v > 0).any():
+        ax.plot([], [], color=_color(name, i), lw=1.5, ls=_ls(name, i), label=f"{name}: 0 at every step")
+        return False
+    label = _overlap_label(name, v, drawn)
+    drawn[name] = v
+    ax.plot(steps, np.where(v > 0, v, np.nan), color=_color(name, i), lw=lw, ls=_ls(name, i), label=label)
+    return True
+
+
 def plot_underflow(histories: Mapping[str, Any], path: str) -> str:
     """Underflow share per step on a log axis (policies that lose 0.1% and 50% are both visible); a run that
     lost nothing at any step cannot be drawn on it and says so in the legend."""
@@ -256,15 +270,8 @@ def plot_underflow(histories: Mapping[str, Any], path: str) -> str:
         y = np.asarray(h["grad_underflow_fraction"], dtype=float)
         if y.size == 0 or not np.isfinite(y).any():
             continue
-        k = max(1, y.size // 50)
-        v = 100 * _smooth(y, k)
-        if not (v > 0).any():
+        if not _plot_share(ax, name, i, h["step"], y, drawn, lw=1.8):
             zero.append(name)
-            ax.plot([], [], color=_color(name, i), lw=1.5, ls=_ls(name, i), label=f"{name}: 0 at every step")
-            continue
-        label = _overlap_label(name, v, drawn)
-        drawn[name] = v
-        ax.plot(h["step"], np.where(v > 0, v, np.nan), color=_color(name, i), lw=1.8, ls=_ls(name, i), label=label)
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("nonzero gradient values\nthat underflowed to 0 (%, log)")
@@ -318,14 +325,7 @@ def plot_lost_updates(histories: Mapping[str, Any], path: str) -> str:
         y = np.asarray(h["lost_update_fraction"], dtype=float)
         if y.size == 0 or not np.isfinite(y).any():
             continue
-        k = max(1, y.size // 50)
-        v = 100 * _smooth(np.nan_to_num(y), k)
-        if not (v > 0).any():
-            ax.plot([], [], color=_color(name, i), lw=1.5, ls=_ls(name, i), label=f"{name}: 0 at every step")
-            continue
-        label = _overlap_label(name, v, drawn)
-        drawn[name] = v
-        ax.plot(h["step"], np.where(v > 0, v, np.nan), color=_color(name, i), lw=1.5, ls=_ls(name, i), label=label)
+        _plot_share(ax, name, i, h["step"], np.nan_to_num(y), drawn, lw=1.5)
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("nonzero weight updates\nlost to rounding (%, log)")
