@@ -59,3 +59,24 @@ def test_inputs_not_modified():
     a0, b0 = a.copy(), list(b)
     paired_interval(a, b)
     assert np.array_equal(a, a0) and b == b0
+
+
+def test_hostile_inputs_get_clear_errors():
+    with pytest.raises(ValueError, match="same seed order"):
+        paired_interval([1.0, 2.0], [1.0, 2.0, 3.0])
+    with pytest.raises(TypeError, match="numbers"):
+        paired_interval([True, False], [1.0, 0.0])
+    with pytest.raises(TypeError, match="numbers"):
+        paired_interval(["x", "y"], [1.0, 0.0])
+    with pytest.raises(TypeError, match="keys"):
+        paired_interval({"a": 1.0}, {"a": 2.0})
+    with pytest.raises(ValueError, match="overflows"):
+        paired_interval([1e308, -1e308], [-1e308, 1e308])
+
+
+def test_big_endian_non_contiguous_and_none():
+    a = np.array([1.0, 9.0, 2.0, 9.0, 3.0], dtype=">f8")[::2]
+    r = paired_interval(a, np.array([0.0, 1.0, 1.5], dtype=">f4"))
+    assert r == paired_interval([1.0, 2.0, 3.0], [0.0, 1.0, 1.5])
+    assert paired_interval([1.0, None, 3.0], [0.5, 1.0, 2.0]).n == 2
+    assert paired_interval([], []).verdict == "no data"

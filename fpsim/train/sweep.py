@@ -616,11 +616,20 @@ class Paired:
 def _by_seed(v: Mapping[int, float | None] | Sequence[float | None] | np.ndarray, name: str
              ) -> dict[int, float | None]:
     if isinstance(v, Mapping):
+        bad = [k for k in v if isinstance(k, bool) or not isinstance(k, (int, np.integer))]
+        if bad:
+            raise TypeError(f"{name}: seeds (the mapping's keys) must be integers, got {bad[0]!r}")
         return {int(k): (None if x is None else float(x)) for k, x in v.items()}
     if isinstance(v, (str, bytes)) or not isinstance(v, (Sequence, np.ndarray)):
         raise TypeError(f"{name} must be a sequence of per-seed values or a mapping seed -> value, "
                         f"got {type(v).__name__}")
-    a = np.asarray(v, dtype=np.float64)
+    raw = np.asarray(v)
+    if raw.dtype.kind in "bSUV":
+        raise TypeError(f"{name} must hold numbers (one per seed), got dtype {raw.dtype}")
+    try:
+        a = raw.astype(np.float64)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{name} must hold numbers or None (one per seed): {e}") from None
     if a.ndim != 1:
         raise ValueError(f"{name} must be one value per seed (1-D), got shape {a.shape}")
     return {i: float(x) for i, x in enumerate(a)}
@@ -648,7 +657,15 @@ def paired_interval(a: Mapping[int, float | None] | Sequence[float | None] | np.
     """
     if not isinstance(level, (int, float)) or isinstance(level, bool) or not 0.0 < float(level) < 1.0:
         raise ValueError(f"level must be a probability in (0, 1), got {level!r}")
-    r = _paired(_by_seed(a, "a"), _by_seed(b, "b"), float(level))
+    da, db = _by_seed(a, "a"), _by_seed(b, "b")
+    if not isinstance(a, Mapping) and not isinstance(b, Mapping) and len(da) != len(db):
+        raise ValueError(f"a and b must hold one value per seed in the same seed order; got {len(da)} and {len(db)} "
+                         "values (pass mappings seed -> value to pair by seed)")
+    both = [k for k in da if k in db and _finite(da[k]) and _finite(db[k])]
+    over = [k for k in both if not math.isfinite(da[k] - db[k])]  # type: ignore[operator]
+    if over:
+        raise ValueError(f"a - b overflows float64 at seeds {over}: no interval can be computed")
+    r = _paired(da, db, float(level))
     ci = None if r["ci"] is None else (float(r["ci"][0]), float(r["ci"][1]))
     return Paired(n=int(r["n"]), diff=r["diff"], ci=ci, verdict=str(r["verdict"]), level=float(level))
 
