@@ -7,6 +7,9 @@
 
 from __future__ import annotations
 
+import importlib as _importlib
+import typing as _typing
+
 # First: every submodule below compiles and runs its body in round-to-nearest with IEEE subnormals, whatever
 # mode the importing thread has (docs/fp-environment.md, "Imports")
 from ._fpenv import install_import_guard as _install_import_guard
@@ -41,16 +44,36 @@ from .formats import (
 )
 from .rounding import Overflow, Rounding, RoundingReport, analyze, as_overflow, as_rounding, round
 
-# L1 arithmetic, L2 matrix units and summation orders (NumPy only)
-from . import accumulate, arith, mma  # submodules first: the name `array` below is the function
+# L1 arithmetic (NumPy only)
+from . import accumulate, arith  # submodules first: the name `array` below is the function
 from .accumulate import dot, sum  # noqa: A004 - fpsim.sum shadows the builtin on purpose
 from .arith import add, div, fma, mul, sqrt, sub
 from .array import FPArray, array
-from .mma import matmul
 
-# L3 layers, L4 precision (scaling, quantization, policies), L5 training (NumPy only; plot, testing and
-# gpu are imported on demand: `import fpsim.plot`)
-from . import amp, nn, quant, scaling, train
+# L2 matrix units up to L5 training load on first use (PEP 562, as SciPy does): `import fpsim` costs little
+# more than `import numpy`, so every CLI call, test process and xdist worker starts fast (issue 30).
+# `fpsim.train`, `from fpsim import amp` and `fpsim.matmul` import what they name when first touched.
+# plot, testing and gpu were always imported on demand: `import fpsim.plot`.
+_LAZY_MODULES = ("mma", "quant", "scaling", "nn", "amp", "train")
+_LAZY_NAMES = {"matmul": "mma"}
+
+if _typing.TYPE_CHECKING:  # what the type checker and IDEs see; at run time __getattr__ imports these
+    from . import amp, mma, nn, quant, scaling, train
+    from .mma import matmul
+else:  # hidden from the type checker, which would otherwise accept any attribute of fpsim (typos included)
+
+    def __getattr__(name: str) -> _typing.Any:
+        if name in _LAZY_MODULES:
+            return _importlib.import_module(f".{name}", __name__)  # binds fpsim.<name> as import does
+        if name in _LAZY_NAMES:
+            value = getattr(_importlib.import_module(f".{_LAZY_NAMES[name]}", __name__), name)
+            globals()[name] = value
+            return value
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+    def __dir__() -> list[str]:
+        return sorted(set(globals()) | set(_LAZY_MODULES) | set(_LAZY_NAMES))
+
 
 __version__ = "0.1.0"
 

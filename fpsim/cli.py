@@ -243,7 +243,8 @@ def _version() -> str:
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``fpsim`` parser; the subcommand `command` of a higher layer (demo, plan, ...) with all its options."""
     from .formats import format_names
     from .rounding import Overflow, Rounding
 
@@ -277,24 +278,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default=None, metavar="NAME", help="only this device (any spelling get_model takes)")
     s.add_argument("--json", action="store_true", help="print the presets as JSON (keys in docs/devices.md)")
     s.set_defaults(func=cmd_devices)
-    for name, (register, _) in _EXTENSIONS.items():
-        register(sub)
+    for name, (modname, help_text) in _EXTENSIONS.items():
+        if command == name:
+            __import__(modname, fromlist=["register_cli"]).register_cli(sub)
+        else:  # listed for `fpsim --help`; its module (the trainer, the planner, ...) loads only when it runs
+            sub.add_parser(name, help=help_text, add_help=False)
     return p
 
 
-def _register_extensions() -> dict[str, tuple[Callable[..., None], None]]:
-    """Subcommands provided by higher layers (demo, probe) register here when present."""
-    ext: dict[str, tuple[Callable[..., None], None]] = {}
-    for modname in ("fpsim.train.cli", "fpsim.gpu.cli", "fpsim.plan.cli", "fpsim.audit"):
-        try:
-            mod = __import__(modname, fromlist=["register_cli"])
-        except ImportError:
-            continue
-        ext[modname] = (mod.register_cli, None)
-    return ext
-
-
-_EXTENSIONS = _register_extensions()
+#: Subcommands provided by higher layers: name -> (module with ``register_cli``, the one-line help of
+#: ``fpsim --help``). Kept here so that ``fpsim --help`` and ``fpsim round`` import none of them;
+#: tests/test_cli_lazy.py checks each line against what the module registers.
+_EXTENSIONS: dict[str, tuple[str, str]] = {
+    "demo": ("fpsim.train.cli", "train a tiny GPT under every precision policy and write a report"),
+    "probe": ("fpsim.gpu.cli", "identify this GPU's Tensor Core arithmetic (needs CuPy and CUDA)"),
+    "plan": ("fpsim.plan.cli", "memory per device and compute for training a model (ZeRO, checkpointing, "
+                               "Chinchilla)"),
+    "audit": ("fpsim.audit", "audit a safetensors checkpoint for low-precision casts (FP8, MXFP4, NVFP4, ...)"),
+}
 
 
 def _protect_negative(argv: list[str]) -> list[str]:
@@ -328,10 +329,12 @@ def main(argv: list[str] | None = None) -> int:
     status 0 and nothing more. Anything else is a bug in fpsim: its traceback is kept (hiding it would hide
     the bug) and followed by one line asking for a report, status 1.
     """
-    p = build_parser()
     av = list(sys.argv[1:] if argv is None else argv)
+    p = build_parser()
     if av and isinstance(av[0], str) and av[0].strip().lower() in _subcommands(p):
         av[0] = av[0].strip().lower()  # the one name rule for subcommands too ("ROUND", " demo")
+        if av[0] in _EXTENSIONS:
+            p = build_parser(av[0])
     try:
         args = p.parse_args(_protect_negative(av))
     except BrokenPipeError:  # `fpsim --help | head -1` where print_help writes before the exit (Python 3.10)
