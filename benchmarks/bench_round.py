@@ -42,7 +42,7 @@ import _cpfloat
 
 FORMATS = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16, "fp8_e4m3": ml_dtypes.float8_e4m3fn,
            "fp8_e5m2": ml_dtypes.float8_e5m2}
-MODES = ["rne", "sr"]
+MODES = ["rne", "sr", "sr-philox"]  # sr-philox: rng=fpsim.random.Philox (issue 30)
 
 
 def measure(cands: dict[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
@@ -76,14 +76,16 @@ def run(label: str, x: np.ndarray, repeat: int, T: int, results: list[dict[str, 
     cands: dict[str, Callable[[], Any]] = {"copy": lambda: np.copyto(dst, x), "fresh": lambda: x.copy()}
     for fmt in FORMATS:
         for mode in MODES:
-            def rng(sr: bool = mode == "sr") -> np.random.Generator | None:
-                return np.random.default_rng(1) if sr else None
+            def rng(md: str = mode) -> Any:
+                return (np.random.default_rng(1) if md == "sr" else fpsim.random.Philox(1) if md == "sr-philox"
+                        else None)
+            fm = mode.split("-")[0]  # the rounding mode; CPFloat's SR stands beside both streams
             for th, tag in ((1, "1"), (T, "T")):
-                cands[f"{fmt}/{mode}/fpsim/{tag}"] = with_threads(th, lambda f=fmt, m=mode, g=rng: fpsim.round(x, f, m, rng=g()))
+                cands[f"{fmt}/{mode}/fpsim/{tag}"] = with_threads(th, lambda f=fmt, m=fm, g=rng: fpsim.round(x, f, m, rng=g()))
                 cands[f"{fmt}/{mode}/out/{tag}"] = with_threads(
-                    th, lambda f=fmt, m=mode, g=rng: fpsim.round(x, f, m, rng=g(), out=y))
+                    th, lambda f=fmt, m=fm, g=rng: fpsim.round(x, f, m, rng=g(), out=y))
                 if cpf:
-                    cands[f"{fmt}/{mode}/cpf/{tag}"] = lambda f=fmt, m=mode, t=th: _cpfloat.round(x, y, f, m, threads=t)
+                    cands[f"{fmt}/{mode}/cpf/{tag}"] = lambda f=fmt, m=fm, t=th: _cpfloat.round(x, y, f, m, threads=t)
     load = os.getloadavg()
     t = measure(cands, repeat)
     c = t["copy"]

@@ -43,6 +43,7 @@ from .formats import (
     tf32,
 )
 from .rounding import Overflow, Rounding, RoundingReport, analyze, as_overflow, as_rounding, round
+from . import random  # counter-based streams for rounding="sr" (rounding imports it)
 
 # L1 arithmetic (NumPy only)
 from . import accumulate, arith  # submodules first: the name `array` below is the function
@@ -86,6 +87,7 @@ __all__ = [
     "nn",
     "amp",
     "train",
+    "random",
     # formats
     "Format",
     "NaNEncoding",

@@ -503,6 +503,148 @@ static void pcg_fill(u128 *state, uint64_t *out, Py_ssize_t k, const pcg_jumps_t
 #define HAVE_PCG64 0
 #endif
 
+/* ---- Philox4x32-10 (Salmon, Moraes, Dror, Shaw, SC'11; the generator of cuRAND's Philox and Random123),
+ * counter-based: 32-bit word t of the stream is word t % 4 of the block Philox(key, counter = t / 4), so
+ * any thread computes any element's words with no state to jump: the bits never depend on the split.
+ * fpsim.random.Philox holds the key and the stream position; its NumPy twin (philox_words) is the
+ * reference, Random123's known-answer vectors the oracle (tests/test_philox.py). */
+#define PHX_M0 0xD2511F53u
+#define PHX_M1 0xCD9E8D57u
+#define PHX_W0 0x9E3779B9u
+#define PHX_W1 0xBB67AE85u
+#define PHX_NB 8
+
+/* Blocks b0 .. b0 + nb - 1 (nb a multiple of PHX_NB) into out, four words per block: the reference loop. */
+static void philox_blocks_scalar(uint32_t k0, uint32_t k1, uint64_t b0, uint32_t *out, Py_ssize_t nb)
+{
+    for (Py_ssize_t i = 0; i < nb; i++) {
+        uint64_t b = b0 + (uint64_t)i;
+        uint32_t c0 = (uint32_t)b, c1 = (uint32_t)(b >> 32), c2 = 0, c3 = 0, x0 = k0, x1 = k1;
+        for (int r = 0; r < 10; r++) {
+            uint64_t p0 = (uint64_t)PHX_M0 * c0, p1 = (uint64_t)PHX_M1 * c2;
+            uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ x0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ x1;
+            c1 = (uint32_t)p1; c3 = (uint32_t)p0; c0 = n0; c2 = n2;
+            x0 += PHX_W0; x1 += PHX_W1;
+        }
+        uint32_t *o = out + 4 * i;
+        o[0] = c0; o[1] = c1; o[2] = c2; o[3] = c3;
+    }
+}
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define HAVE_PHX_AVX2 1
+/* The same blocks, eight at a time in AVX2: each word of four blocks in the low halves of 64-bit lanes, so
+ * that _mm256_mul_epu32 gives the 32x32->64 products directly (the high halves it ignores may hold garbage:
+ * only the low halves are ever stored), then transposed back to four words per block. About 3x the loop above
+ * (gcc's own vectorisation of it gained little: it shuffles 32-bit lanes in and out of every product). */
+__attribute__((target("avx2"))) static void philox_blocks_avx2(uint32_t k0, uint32_t k1, uint64_t b0, uint32_t *out,
+                                                               Py_ssize_t nb)
+{
+    const __m256i M0 = _mm256_set1_epi64x(PHX_M0), M1 = _mm256_set1_epi64x(PHX_M1);
+    const __m256i lo32 = _mm256_set1_epi64x(0xffffffffLL);
+    for (Py_ssize_t g = 0; g < nb; g += 8) {
+        __m256i bA = _mm256_add_epi64(_mm256_set1_epi64x((long long)(b0 + (uint64_t)g)), _mm256_set_epi64x(3, 2, 1, 0));
+        __m256i bB = _mm256_add_epi64(bA, _mm256_set1_epi64x(4));
+        __m256i a0 = bA, a1 = _mm256_srli_epi64(bA, 32), a2 = _mm256_setzero_si256(), a3 = a2;
+        __m256i e0 = bB, e1 = _mm256_srli_epi64(bB, 32), e2 = a2, e3 = a2;
+        uint32_t x0 = k0, x1 = k1;
+        for (int r = 0; r < 10; r++) {
+            __m256i K0 = _mm256_set1_epi64x(x0), K1 = _mm256_set1_epi64x(x1);
+            __m256i p0 = _mm256_mul_epu32(a0, M0), p1 = _mm256_mul_epu32(a2, M1);
+            __m256i q0 = _mm256_mul_epu32(e0, M0), q1 = _mm256_mul_epu32(e2, M1);
+            a0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p1, 32), a1), K0);
+            a2 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p0, 32), a3), K1);
+            a1 = p1; a3 = p0;
+            e0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(q1, 32), e1), K0);
+            e2 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(q0, 32), e3), K1);
+            e1 = q1; e3 = q0;
+            x0 += PHX_W0; x1 += PHX_W1;
+        }
+        /* lane l of (w0 | w1 << 32, w2 | w3 << 32) is block l's two halves: interleave the two into memory order */
+        __m256i A01 = _mm256_or_si256(_mm256_and_si256(a0, lo32), _mm256_slli_epi64(a1, 32));
+        __m256i A23 = _mm256_or_si256(_mm256_and_si256(a2, lo32), _mm256_slli_epi64(a3, 32));
+        __m256i E01 = _mm256_or_si256(_mm256_and_si256(e0, lo32), _mm256_slli_epi64(e1, 32));
+        __m256i E23 = _mm256_or_si256(_mm256_and_si256(e2, lo32), _mm256_slli_epi64(e3, 32));
+        __m256i l = _mm256_unpacklo_epi64(A01, A23), h = _mm256_unpackhi_epi64(A01, A23);
+        _mm256_storeu_si256((__m256i *)(out + 4 * g), _mm256_permute2x128_si256(l, h, 0x20));
+        _mm256_storeu_si256((__m256i *)(out + 4 * g + 8), _mm256_permute2x128_si256(l, h, 0x31));
+        l = _mm256_unpacklo_epi64(E01, E23); h = _mm256_unpackhi_epi64(E01, E23);
+        _mm256_storeu_si256((__m256i *)(out + 4 * g + 16), _mm256_permute2x128_si256(l, h, 0x20));
+        _mm256_storeu_si256((__m256i *)(out + 4 * g + 24), _mm256_permute2x128_si256(l, h, 0x31));
+    }
+}
+#else
+#define HAVE_PHX_AVX2 0
+#endif
+
+static int phx_avx2 = -1; /* whether this CPU runs the AVX2 loop (decided once) */
+/* philox_impl(which): the loop in use ("avx2" or "scalar"); which = "scalar"/"avx2"/"auto" switches it
+ * (tests: both loops give the reference words). */
+static PyObject *philox_impl(PyObject *self, PyObject *args)
+{
+    const char *which = NULL;
+    if (!PyArg_ParseTuple(args, "|s", &which))
+        return NULL;
+    if (which) {
+        if (strcmp(which, "scalar") == 0)
+            phx_avx2 = 0;
+        else if (strcmp(which, "auto") == 0)
+            phx_avx2 = -1;
+        else if (strcmp(which, "avx2") == 0) {
+#if HAVE_PHX_AVX2
+            if (!__builtin_cpu_supports("avx2")) {
+                PyErr_SetString(PyExc_ValueError, "philox_impl: this CPU has no AVX2");
+                return NULL;
+            }
+            phx_avx2 = 1;
+#else
+            PyErr_SetString(PyExc_ValueError, "philox_impl: this build has no AVX2 loop");
+            return NULL;
+#endif
+        } else {
+            PyErr_Format(PyExc_ValueError, "philox_impl: %s is not one of 'auto', 'scalar', 'avx2'", which);
+            return NULL;
+        }
+    }
+#if HAVE_PHX_AVX2
+    int on = phx_avx2 < 0 ? __builtin_cpu_supports("avx2") != 0 : phx_avx2;
+#else
+    int on = 0;
+#endif
+    return PyUnicode_FromString(on ? "avx2" : "scalar");
+}
+
+static void philox_blocks(uint32_t k0, uint32_t k1, uint64_t b0, uint32_t *out, Py_ssize_t nb)
+{
+#if HAVE_PHX_AVX2
+    if (phx_avx2 < 0 ? __builtin_cpu_supports("avx2") : phx_avx2) {
+        philox_blocks_avx2(k0, k1, b0, out, nb);
+        return;
+    }
+#endif
+    philox_blocks_scalar(k0, k1, b0, out, nb);
+}
+
+/* Stream words t0 .. t0 + n - 1 into out (any start, any length). */
+static void philox_fill(uint32_t k0, uint32_t k1, uint64_t t0, uint32_t *out, Py_ssize_t n)
+{
+    uint32_t tmp[4 * PHX_NB];
+    while (n > 0) {
+        Py_ssize_t skip = (Py_ssize_t)(t0 % (4 * PHX_NB));
+        if (skip == 0 && n >= 4 * PHX_NB) { /* whole groups straight into out */
+            Py_ssize_t nb = (n / (4 * PHX_NB)) * PHX_NB;
+            philox_blocks(k0, k1, t0 / 4, out, nb);
+            out += 4 * nb; t0 += (uint64_t)(4 * nb); n -= 4 * nb;
+            continue;
+        }
+        philox_blocks(k0, k1, (t0 - (uint64_t)skip) / 4, tmp, PHX_NB);
+        Py_ssize_t k = 4 * PHX_NB - skip < n ? 4 * PHX_NB - skip : n;
+        memcpy(out, tmp + skip, (size_t)k * sizeof(uint32_t));
+        out += k; t0 += (uint64_t)k; n -= k;
+    }
+}
+
 /* ---- One job: a contiguous range of elements, block by block. */
 typedef struct {
     const plan_t *p;
@@ -518,6 +660,9 @@ typedef struct {
     u128 pst;
     const pcg_jumps_t *J;
 #endif
+    int phx;            /* or from Philox4x32-10 with this key, from stream word pw on */
+    uint32_t pk0, pk1;
+    uint64_t pw;
     int set_env;        /* a worker thread: take the caller's floating-point environment */
     int nt;             /* RNE/RTZ of a specialised format by spec_nt (non-temporal stores) */
     fenv_t env;
@@ -614,7 +759,8 @@ static void run_job(job_t *j)
 {
     const plan_t *p = j->p;
     uint64_t rbuf[BLK];     /* one block's random words */
-    uint32_t rbuf32[BLK];   /* float32 carrier: each 64-bit word as two halves, in .view(np.uint32)'s order */
+    uint32_t rbuf32[2 * BLK]; /* float32 carrier: each 64-bit word as two halves, in .view(np.uint32)'s order;
+                                 Philox: the stream words */
     int m = p->mode;
     if (p->W == 32) {
         static const fn32_t pass[7] = {kernel32_pass1_RNE, kernel32_pass1_RNA, kernel32_pass1_RTZ,
@@ -626,13 +772,17 @@ static void run_job(job_t *j)
         fn32_t f = j->spec >= 0 ? spec_table[j->spec].fn : fast_ok(p) ? pass[m] : NULL;
         const uint32_t *in = j->in, *rand = j->rand;
         uint32_t *out = j->out;
-        const int drawn = j->bg || PCG_ON(j);
+        const int drawn = j->bg || PCG_ON(j) || j->phx;
         const Py_ssize_t blk = drawn ? BLK : j->n; /* blocks only where the random words are drawn here */
         Py_ssize_t head = HEAD(out, 4, j->n, drawn);
         for (Py_ssize_t o = 0, k; o < j->n; o += k) {
             k = o == 0 && head ? head : j->n - o < blk ? j->n - o : blk;
             const uint32_t *r = rand ? rand + o : NULL;
-            if (j->bg || PCG_ON(j)) {
+            if (j->phx) { /* one stream word per element */
+                philox_fill(j->pk0, j->pk1, j->pw, rbuf32, k);
+                j->pw += (uint64_t)k;
+                r = rbuf32;
+            } else if (j->bg || PCG_ON(j)) {
                 draw(j, rbuf, (k + 1) / 2);
                 for (Py_ssize_t w = 0; w < (k + 1) / 2; w++) {
                     uint64_t x = rbuf[w];
@@ -667,13 +817,19 @@ static void run_job(job_t *j)
         const int fast = fast_ok(p);
         const uint64_t *in = j->in, *rand = j->rand;
         uint64_t *out = j->out;
-        const int drawn = j->bg || PCG_ON(j);
+        const int drawn = j->bg || PCG_ON(j) || j->phx;
         const Py_ssize_t blk = drawn ? BLK : j->n;
         Py_ssize_t head = HEAD(out, 8, j->n, drawn);
         for (Py_ssize_t o = 0, k; o < j->n; o += k) {
             k = o == 0 && head ? head : j->n - o < blk ? j->n - o : blk;
             const uint64_t *r = rand ? rand + o : NULL;
-            if (j->bg || PCG_ON(j)) {
+            if (j->phx) { /* two stream words per element, the first the low half */
+                philox_fill(j->pk0, j->pk1, j->pw, rbuf32, 2 * k);
+                for (Py_ssize_t w = 0; w < k; w++)
+                    rbuf[w] = (uint64_t)rbuf32[2 * w] | ((uint64_t)rbuf32[2 * w + 1] << 32);
+                j->pw += (uint64_t)(2 * k);
+                r = rbuf;
+            } else if (j->bg || PCG_ON(j)) {
                 draw(j, rbuf, k);
                 r = rbuf;
             }
@@ -853,7 +1009,7 @@ static PyObject *round_bits(PyObject *self, PyObject *args)
     plan_t p;
     if (!PyArg_ParseTuple(args, "y*w*OO|n", &in, &out, &rand_obj, &params, &chunk))
         return NULL;
-    int have_buf = 0, n_caps = 0, have_pcg = 0;
+    int have_buf = 0, n_caps = 0, have_pcg = 0, have_phx = 0;
     unsigned long long ps_hi = 0, ps_lo = 0, pi_hi = 0, pi_lo = 0;
     PyObject *result = NULL;
     bitgen_t *caps[MAX_JOBS];
@@ -870,14 +1026,19 @@ static PyObject *round_bits(PyObject *self, PyObject *args)
     } else if (PyTuple_Check(rand_obj) && PyTuple_GET_SIZE(rand_obj) == 5 &&
                PyUnicode_Check(PyTuple_GET_ITEM(rand_obj, 0))) {
         const char *kind;
-        if (!PyArg_ParseTuple(rand_obj, "sKKKK;round_bits: rand ('pcg64', state_hi, state_lo, inc_hi, inc_lo)",
-                              &kind, &ps_hi, &ps_lo, &pi_hi, &pi_lo))
+        if (!PyArg_ParseTuple(rand_obj, "sKKKK;round_bits: rand ('pcg64', state_hi, state_lo, inc_hi, inc_lo) or "
+                              "('philox', key_lo, key_hi, word, 0)", &kind, &ps_hi, &ps_lo, &pi_hi, &pi_lo))
             goto fail;
-        if (strcmp(kind, "pcg64") != 0)
-            why = "the only inline bit generator is 'pcg64'";
-        else if (!HAVE_PCG64)
+        if (strcmp(kind, "philox") == 0) {
+            if (ps_hi > 0xffffffffULL || ps_lo > 0xffffffffULL)
+                why = "philox key halves must be 32-bit";
+            have_phx = 1;
+        } else if (strcmp(kind, "pcg64") != 0) {
+            why = "the inline bit generators are 'pcg64' and 'philox'";
+        } else if (!HAVE_PCG64) {
             why = "no 128-bit integers in this build: pass the bit generator's capsule";
-        have_pcg = 1;
+        }
+        have_pcg = !have_phx;
     } else if (PyCapsule_CheckExact(rand_obj) || PyTuple_Check(rand_obj)) {
         int tup = PyTuple_Check(rand_obj);
         Py_ssize_t k = tup ? PyTuple_GET_SIZE(rand_obj) : 1;
@@ -896,7 +1057,7 @@ static PyObject *round_bits(PyObject *self, PyObject *args)
             goto fail;
         have_buf = 1;
     }
-    int have_rand = have_buf || n_caps || have_pcg;
+    int have_rand = have_buf || n_caps || have_pcg || have_phx;
     Py_ssize_t n_jobs = 1;
     if (!why && chunk < 0)
         why = "chunk must be >= 0";
@@ -961,6 +1122,9 @@ static PyObject *round_bits(PyObject *self, PyObject *args)
             j->n = hi - lo;
             j->rand = have_buf ? (const char *)rnd.buf + lo * isz : NULL;
             j->bg = n_caps ? caps[n_caps > 1 ? k : 0] : NULL;
+            j->phx = have_phx;
+            j->pk0 = (uint32_t)ps_hi; j->pk1 = (uint32_t)ps_lo;
+            j->pw = (uint64_t)pi_hi + (uint64_t)(p.W == 32 ? lo : 2 * lo); /* this job's first stream word */
 #if HAVE_PCG64
             j->pcg = have_pcg;
             j->J = &J;
@@ -1157,6 +1321,8 @@ done:
 }
 
 static PyMethodDef methods[] = {
+    {"philox_impl", philox_impl, METH_VARARGS, "philox_impl([which]): the Philox loop in use ('avx2' or "
+     "'scalar'); 'scalar', 'avx2' or 'auto' switches it (tests)."},
     {"round_bits", round_bits, METH_VARARGS, "round_bits(in, out, rand, params[, chunk]): round carrier bit "
      "patterns into out, chunk elements per thread (see the comment above round_bits and rounding.py)."},
     {"spec_name", spec_name, METH_VARARGS, "The specialised copy of the kernel that serves a plan, or None."},

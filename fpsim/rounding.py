@@ -42,6 +42,7 @@ from typing import Any, TypeVar, Union
 import numpy as np
 
 from . import _exact
+from .random import Philox
 from ._carrier import BLOCK as _BLOCK
 from ._carrier import as_float_array
 from ._carrier import exact_float as _exact_float
@@ -130,8 +131,10 @@ def as_overflow(policy: Overflow | str) -> Overflow:
 
 
 def parse_options(fmt: FormatLike, rounding: RoundingLike, overflow: Overflow | str, subnormals: bool,
-                  rng: np.random.Generator | None, sr_bits: int | None = None) -> tuple[Format, Rounding, Overflow]:
-    """Validate the options every rounding entry point takes (once, at the API edge)."""
+                  rng: np.random.Generator | Philox | None, sr_bits: int | None = None, *,
+                  philox: bool = False) -> tuple[Format, Rounding, Overflow]:
+    """Validate the options every rounding entry point takes (once, at the API edge). ``philox``: whether
+    this entry point also takes a :class:`fpsim.random.Philox` stream as ``rng`` (``fpsim.round`` does)."""
     f = as_format(fmt)
     mode = as_rounding(rounding)
     ov = as_overflow(overflow)
@@ -140,8 +143,11 @@ def parse_options(fmt: FormatLike, rounding: RoundingLike, overflow: Overflow | 
     if mode is Rounding.SR:
         if rng is None:
             raise ValueError("rounding='sr' needs rng=numpy.random.default_rng(seed)")
-        if not isinstance(rng, np.random.Generator):
-            raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+        if isinstance(rng, Philox) and not philox:
+            raise TypeError("rng=fpsim.random.Philox(...) is taken by fpsim.round (arrays); here pass a "
+                            "numpy.random.Generator")
+        if not isinstance(rng, (np.random.Generator, Philox)):
+            raise TypeError(f"rng must be a numpy.random.Generator or an fpsim.random.Philox, got {type(rng).__name__}")
         if sr_bits is not None and (not isinstance(sr_bits, (int, np.integer)) or isinstance(sr_bits, (bool, np.bool_))
                                     or not 1 <= sr_bits <= 52):
             raise ValueError(f"sr_bits must be an int in 1..52 or None, got {sr_bits!r}")
@@ -349,7 +355,7 @@ def _special(u_in: np.ndarray, u_r: np.ndarray, neg: np.ndarray, pl: _Plan) -> A
     return np.where(u_in > ut(pl.inf_bits), ut(pl.nan_bits), out).astype(ut)
 
 
-def _kernel(bits: np.ndarray, pl: _Plan, rng: np.random.Generator | None, rand: np.ndarray | None = None) -> Any:
+def _kernel(bits: np.ndarray, pl: _Plan, rng: np.random.Generator | Philox | None, rand: np.ndarray | None = None) -> Any:
     """Round one chunk of carrier bit patterns; returns new bit patterns. SR draws its random words
     from ``rng`` unless they are given as ``rand``."""
     c = pl.c
@@ -420,13 +426,23 @@ def _c_params(pl: _Plan) -> tuple[Any, ...]:
     )
 
 
-def _random_words(rng: np.random.Generator, n: int, c: _Carrier) -> np.ndarray:
+def _random_words(rng: np.random.Generator | Philox, n: int, c: _Carrier) -> np.ndarray:
     """n uniform carrier-width random words (the same stream for the C and NumPy kernels).
+
+    A :class:`~fpsim.random.Philox` stream gives its next words: one per element of a float32 carrier,
+    two per element of a float64 one (the first the low half).
 
     The generator's full 64-bit words (``next_uint64``: what ``random_raw`` gives for PCG64, Philox and
     SFC64, bit for bit). ``random_raw`` itself is not used: a 32-bit generator (MT19937) returns its words
     in the low half, so SR in the float64 carrier never rounded up and half the float32 words were zero.
     """
+    if isinstance(rng, Philox):
+        w = rng.words(n if c.W == 32 else 2 * n)
+        if c.W == 32:
+            return w
+        w64 = w.astype(np.uint64)
+        pairs: np.ndarray = w64[0::2] | (w64[1::2] << np.uint64(32))
+        return pairs
     m = n if c.W == 64 else (n + 1) // 2
     words = rng.integers(0, 2**64 - 1, size=m, dtype=np.uint64, endpoint=True)  # the full range: next_uint64
     return words if c.W == 64 else words.view(np.uint32)[:n]
@@ -450,6 +466,7 @@ _ADVANCEABLE = tuple(t for t in (getattr(np.random, "PCG64", None), getattr(np.r
 
 _PCG64: Any = getattr(np.random, "PCG64", None)
 _M64 = (1 << 64) - 1
+_M32 = (1 << 32) - 1
 
 
 def _thread_chunk(n: int) -> int:
@@ -464,7 +481,7 @@ def _thread_chunk(n: int) -> int:
     return -(-per // _C_BLK) * _C_BLK
 
 
-def _run_c_kernel(sb: np.ndarray, res: np.ndarray, pl: _Plan, rng: np.random.Generator | None) -> None:
+def _run_c_kernel(sb: np.ndarray, res: np.ndarray, pl: _Plan, rng: np.random.Generator | Philox | None) -> None:
     """Round the carrier bit patterns ``sb`` into ``res`` (1-D, same size, C-contiguous; ``res`` may be
     ``sb`` itself) with the compiled kernel in one call: the GIL released, large arrays split among
     ``max_threads`` threads in C (a static split: the bits never depend on it).
@@ -486,6 +503,10 @@ def _run_c_kernel(sb: np.ndarray, res: np.ndarray, pl: _Plan, rng: np.random.Gen
         _ckernel.round_bits(sb, res, None, params, chunk)
         return
     assert rng is not None
+    if isinstance(rng, Philox):  # counter-based: each thread computes its own elements' words
+        start = rng.take(sb.size if pl.c.W == 32 else 2 * sb.size)
+        _ckernel.round_bits(sb, res, ("philox", rng.key & _M32, rng.key >> 32, start, 0), params, chunk)
+        return
     bg = rng.bit_generator
     with bg.lock:
         if type(bg) is _PCG64 and getattr(_ckernel, "HAVE_PCG64", False):
@@ -532,7 +553,7 @@ def _carrier_for(dtype: np.dtype, fmt: Format, mode: Rounding, sr_bits: int | No
 
 
 def _round_array(a: np.ndarray, fmt: Format, mode: Rounding, overflow: Overflow, subnormals: bool,
-                 rng: np.random.Generator | None, sr_bits: int | None, out: np.ndarray | None = None) -> np.ndarray:
+                 rng: np.random.Generator | Philox | None, sr_bits: int | None, out: np.ndarray | None = None) -> np.ndarray:
     """Round a native float32/float64 array; result dtype float32 iff the input is float32 and the
     format fits in float32. With ``out`` (checked by `_checks.check_out`; it may be ``a`` itself) the
     result is written there and ``out`` returned."""
@@ -548,7 +569,7 @@ def _same_elements(x: np.ndarray, y: np.ndarray) -> bool:
 
 
 def _round_array_impl(a: np.ndarray, fmt: Format, mode: Rounding, overflow: Overflow, subnormals: bool,
-                      rng: np.random.Generator | None, sr_bits: int | None,
+                      rng: np.random.Generator | Philox | None, sr_bits: int | None,
                       out: np.ndarray | None = None) -> np.ndarray:
     c = _carrier_for(a.dtype, fmt, mode, sr_bits)
     out_dtype = np.dtype(np.float32) if a.dtype == np.float32 and fmt.fits_float32 else np.dtype(np.float64)
@@ -732,7 +753,7 @@ def round(
     *,
     overflow: Overflow | str = "ieee",
     subnormals: bool = True,
-    rng: np.random.Generator | None = None,
+    rng: np.random.Generator | Philox | None = None,
     sr_bits: int | None = None, out: np.ndarray | None = None, as_dtype: bool = False,
 ) -> Any:
     """Round values into a format, once, from their exact value.
@@ -754,8 +775,10 @@ def round(
         Overflow policy (see :class:`Overflow`).
     subnormals : bool
         ``False`` flushes subnormal results to signed zero (after rounding).
-    rng : numpy.random.Generator, optional
-        Source of random bits for ``"sr"``; required for it. Same seed, same result.
+    rng : numpy.random.Generator or fpsim.random.Philox, optional
+        Source of random bits for ``"sr"``; required for it. Same seed, same result. A
+        :class:`fpsim.random.Philox` stream is counter-based: faster, and the same bits on any number of
+        threads (docs/rounding.md, "Stochastic rounding").
     sr_bits : int, optional
         For ``"sr"``: how many random bits the hardware adds (the remainder is first truncated to that
         many bits). ``None`` means exact stochastic rounding.
@@ -796,7 +819,7 @@ def round(
     >>> r is x, [float(v) for v in x]
     (True, [0.10009765625, 0.2001953125, 0.30078125])
     """
-    f, mode, ov = parse_options(fmt, rounding, overflow, subnormals, rng, sr_bits)
+    f, mode, ov = parse_options(fmt, rounding, overflow, subnormals, rng, sr_bits, philox=True)
     is_scalar = np.isscalar(x) and not isinstance(x, (str, bytes))
     if is_scalar and not isinstance(x, (float, np.floating)):
         q = _exact_value(x)

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1] / "fpsim"
 # modules listed before it (the numbers are a line, not a knot).
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("helpers", ("_names", "_checks", "_fpenv", "_deprecation", "_blas", "_dask", "_cliargs",
+    ("helpers", ("_names", "_checks", "_fpenv", "_deprecation", "_blas", "_dask", "_cliargs", "random",
                  "_ckernel", "_carith", "_cgemm", "_cfpenv")),  # private helpers and the C extensions
     ("numbers", ("formats", "_interop", "_carrier", "_exact", "rounding", "bits", "_grid")),
     ("arithmetic", ("arith", "array")),
