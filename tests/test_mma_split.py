@@ -21,6 +21,7 @@ import pytest
 
 import zlib
 
+from fpsim.formats import bf16
 from fpsim.mma import generic, presets
 from fpsim.mma import xla
 
@@ -422,3 +423,10 @@ def test_jax_cpu_runs_none_of_them() -> None:
             if not np.array_equal(got, ref):
                 pytest.skip(f"JAX {jax.__version__} CPU now runs {name}: use it as an oracle")
     assert not np.array_equal(xla.matmul(A, B, algorithm="bf16x3", device="h100"), ref)
+
+
+def test_dot_algorithm_checks_its_fields() -> None:
+    with pytest.raises(ValueError, match="split must be one of truncate, rne, rna"):
+        xla.DotAlgorithm("X", bf16, 2, ((0, 0),), False, "rtz")
+    with pytest.raises(ValueError, match="must name components 0..1"):
+        xla.DotAlgorithm("X", bf16, 2, ((0, 2),), False)

@@ -95,6 +95,7 @@ _TF32X3_SRC = ("triton-lang/triton lib/Dialect/TritonGPU/Transforms/F32DotTC.cpp
                "split, small*big, big*small, big*big into a zero accumulator, then + C); openxla/xla "
                "xla/backends/gpu/codegen/triton/compilation_pipeline_cuda.cc @1110d1a (RoundF32ToTF32ForTf32Dot runs "
                "before F32DotTC, so the small parts reach the tensor core unrounded)")
+_LOWERINGS = ("rewriter", "triton")
 _TPU_SRC = ("Cloud TPU documentation 'The bfloat16 numerical format' (https://cloud.google.com/tpu/docs/bfloat16: "
             "bf16 multiplies, IEEE fp32 accumulation; f32 -> bf16 RNE, overflow to inf, subnormals flushed)")
 
@@ -114,7 +115,8 @@ class DotAlgorithm:
         Components per operand (1, 2 or 3): ``x = c0 + c1 + c2``, c0 the highest.
     passes : tuple of (int, int)
         (lhs component, rhs component) of every pass, in summation order: ``r = p0; r = fl(r + p_i)`` for the
-        middle passes, the NaN guard (if `guard`), then ``r = fl(r + p_last)``.
+        middle passes, the NaN guard (if `guard`), then ``r = fl(r + p_last)`` (``accumulate="outside"``); or
+        the order the passes take the unit's accumulator (``accumulate="unit"``).
     guard : bool
         XLA's ``ReplaceNaNWithZeros`` before the last addition.
     split : {"truncate", "rne", "rna"}
@@ -150,6 +152,17 @@ class DotAlgorithm:
     guard_keeps_inf: bool = True
     lowering: str = "rewriter"
     source: str = _XLA_SRC
+
+    def __post_init__(self) -> None:
+        for field_name, value, valid in (("split", self.split, ("truncate", "rne", "rna")),
+                                         ("accumulate", self.accumulate, ("outside", "unit")),
+                                         ("lowering", self.lowering, _LOWERINGS)):
+            if value not in valid:
+                raise ValueError(f"DotAlgorithm {field_name} must be one of {', '.join(valid)}, got {value!r}")
+        if self.components not in (1, 2, 3) or any(not (0 <= i < self.components and 0 <= j < self.components)
+                                                   for i, j in self.passes) or not self.passes:
+            raise ValueError(f"DotAlgorithm {self.name}: passes {self.passes!r} must name components 0.."
+                             f"{self.components - 1} (components 1, 2 or 3)")
 
     @property
     def n_passes(self) -> int:
@@ -190,7 +203,6 @@ TRITON_ALGORITHMS: dict[str, DotAlgorithm] = {
 #: Short names of the split-precision algorithms.
 ALIASES: dict[str, str] = {"bf16x3": "bf16_bf16_f32_x3", "bf16x6": "bf16_bf16_f32_x6",
                            "bf16x9": "bf16_bf16_f32_x9", "tf32x3": "tf32_tf32_f32_x3"}
-_LOWERINGS = ("rewriter", "triton")
 #: ``jax.lax.Precision`` levels on TPU (lax.Precision docstring): the algorithm each one runs.
 PRECISIONS: dict[str, str] = {"default": "bf16_bf16_f32", "fastest": "bf16_bf16_f32",
                               "high": "bf16_bf16_f32_x3", "highest": "bf16_bf16_f32_x6"}
