@@ -223,7 +223,7 @@ def test_nvidia_passes_and_precision_levels() -> None:
 
 @pytest.mark.parametrize("bad, match", [
     ("TF32_TF32_F32", "not a TPU algorithm"), ("F32_F32_F32", "not a TPU algorithm"),
-    ("bf16x9", "valid: bf16_bf16_f32"), ("", "valid"),
+    ("bf16x9", "not a TPU algorithm"), ("bf16x12", "valid: bf16_bf16_f32"), ("", "valid"),
 ])
 def test_bad_algorithm_names(bad: str, match: str) -> None:
     with pytest.raises(ValueError, match=match):
