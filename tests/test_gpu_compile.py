@@ -209,3 +209,16 @@ def test_nvrtc_wrapper_basics(nvrtc: NVRTC) -> None:
         parse_arch("80")
     assert parse_arch("compute_120a") == (120, "a")
     assert "NVRTC(" in repr(nvrtc)
+
+
+def test_docs_page_examples_run() -> None:
+    """The worked example of docs/gpu-kernels.md gives what it shows (no NVRTC needed)."""
+    import doctest
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "gpu-kernels.md"
+    test = doctest.DocTestParser().get_doctest(page.read_text(encoding="utf-8"), {}, "gpu-kernels.md", str(page), 0)
+    assert test.examples
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    runner.run(test)
+    assert runner.summarize(verbose=False).failed == 0
