@@ -465,6 +465,8 @@ def test_cli_probe_without_cupy(monkeypatch: pytest.MonkeyPatch, capsys: pytest.
         assert cap.out == ""
         assert cap.err.count("\n") == 1 and cap.err.startswith("fpsim probe: CuPy is not available")
         assert "Traceback" not in cap.err
+        # both extras, CUDA 13 first (pyproject.toml: gpu = cupy-cuda13x, gpu-cuda12 = cupy-cuda12x)
+        assert "'fpsim-precision[gpu]'" in cap.err and "cupy-cuda13x" in cap.err and "gpu-cuda12" in cap.err
 
 
 def test_cli_probe_subprocess_exit_status() -> None:
@@ -647,3 +649,14 @@ def test_plumbing_with_a_fake_cupy(monkeypatch: pytest.MonkeyPatch, capsys: pyte
     assert res["ok"] and len(res["conversions"]) == 2 and len(res["mma"]) == 2
     assert all(f["exact"] and "h200" in f["matches"] for f in res["probe"]["fits"])
     assert "all bit-exact" in (tmp_path / "results.md").read_text()
+
+
+def test_gpu_extras_and_ci_install() -> None:
+    """The 'gpu' extra is CuPy for CUDA 13, 'gpu-cuda12' for CUDA 12; CI installs NVRTC and headers of CUDA 13."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    toml = (root / "pyproject.toml").read_text(encoding="utf-8")
+    assert 'gpu = ["cupy-cuda13x"]' in toml and 'gpu-cuda12 = ["cupy-cuda12x"]' in toml
+    ci = (root / ".ci" / "run").read_text(encoding="utf-8")
+    assert '"nvidia-cuda-nvrtc==13.*" "nvidia-cuda-runtime==13.*"' in ci
