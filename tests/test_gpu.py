@@ -465,6 +465,8 @@ def test_cli_probe_without_cupy(monkeypatch: pytest.MonkeyPatch, capsys: pytest.
         assert cap.out == ""
         assert cap.err.count("\n") == 1 and cap.err.startswith("fpsim probe: CuPy is not available")
         assert "Traceback" not in cap.err
+        # both extras, CUDA 13 first (pyproject.toml: gpu = cupy-cuda13x, gpu-cuda12 = cupy-cuda12x)
+        assert "'fpsim-precision[gpu]'" in cap.err and "cupy-cuda13x" in cap.err and "gpu-cuda12" in cap.err
 
 
 def test_cli_probe_subprocess_exit_status() -> None:
@@ -506,18 +508,30 @@ def test_render_markdown_from_emulated_results() -> None:
 # ------------------------------------------------------------------------------------------------------
 
 
-def _fake_cupy():  # type: ignore[no-untyped-def]
+class FakeCompileException(Exception):
+    """What CuPy's RawModule raises when NVRTC or ptxas refuses a kernel (cupy.cuda.compiler.CompileException)."""
+
+
+FakeCompileException.__name__ = "CompileException"
+
+
+def _fake_cupy(refuse: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
+    """A CuPy 14 stand-in: ``RawModule(code=..., options=...).get_function(name)`` as the only way to a kernel
+    (no ``RawKernel``, no ``cupy.cuda.compiler.compile_with_cache``, which CuPy 13 removed), whose "GPU" computes
+    with fpsim. ``modules`` records (code, options) of every build, ``launches`` every launch; a kernel whose
+    source contains a string of `refuse` fails to compile as NVRTC would."""
     import re
     import types
 
     from fpsim.gpu.convert import CONVERSIONS
+    from fpsim.gpu.wgmma import emulate_wgmma, wgmma_instruction
 
     launches: list[tuple[str, int, int]] = []
+    modules: list[tuple[str, tuple[str, ...]]] = []
 
-    class RawKernel:
-        def __init__(self, src: str, name: str, options: tuple[str, ...] = ()) -> None:
-            assert "-std=c++17" in options
-            self.src, self.name = src, name
+    class Function:
+        def __init__(self, src: str, name: str, options: tuple[str, ...]) -> None:
+            self.src, self.name, self.options = src, name, options
 
         def __call__(self, grid, block, args):  # type: ignore[no-untyped-def]
             threads = grid[0] * block[0]
@@ -529,6 +543,16 @@ def _fake_cupy():  # type: ignore[no-untyped-def]
                 path = next(pa for pa in PATHS if instruction_for(*pa).ptx == ptx)
                 d[...] = emulate_words(a, b, c, instruction_for(*path), get_model("h200", *path))
                 launches.append((ptx, threads, int(t)))
+            elif self.name == "fpsim_wgmma":
+                a, b, c, d, t = args
+                assert isinstance(t, np.int32) and grid == (int(t),) and block == (128,)
+                assert "--gpu-architecture=sm_90a" in self.options  # wgmma exists on sm_90a only
+                m = re.search(r"(wgmma\.mma_async\S+m64n(\d+)k32\.(f32|f16)\.(e4m3|e5m2)\.\S+) ", self.src)
+                assert m is not None
+                ins = wgmma_instruction(m.group(4), m.group(3).replace("f", "fp"), int(m.group(2)))
+                model = get_model("h200", ins.input, ins.output, path="wgmma")
+                d[...] = emulate_wgmma(a.view(np.uint8), b.view(np.uint8), c, ins, model)
+                launches.append((m.group(1), threads, int(t)))
             else:
                 assert self.name == "fpsim_cvt"
                 x, out, n = args
@@ -536,6 +560,23 @@ def _fake_cupy():  # type: ignore[no-untyped-def]
                 (fmt, rnd, sat), = [k for k, expr in CONVERSIONS.items() if f"out[i] = {expr};" in self.src]
                 out[...] = fpsim.to_bits(x, fmt, rnd, overflow="saturate" if sat else "ieee")
                 launches.append((fmt, threads, int(n)))
+
+    class RawModule:
+        def __init__(self, *, code: str | None = None, path: str | None = None,
+                     options: tuple[str, ...] = ()) -> None:
+            assert (code is None) != (path is None) and isinstance(options, tuple)
+            assert "-std=c++17" in options and "-ftz=true" in options  # what CuPy passes by default
+            self.code, self.options = code or "", options
+            modules.append((self.code, options))
+
+        def get_function(self, name: str) -> Function:
+            # CuPy compiles lazily, here: a refusal surfaces from get_function
+            bad = [r for r in refuse if r in self.code]
+            if bad:
+                raise FakeCompileException(f"ptxas application ptx input, line 1; error   : Instruction '{bad[0]}' "
+                                           "not supported on .target 'sm_90'")
+            assert re.search(rf"void (__launch_bounds__\(\d+\) )?{name}\(", self.code), name
+            return Function(self.code, name, self.options)
 
     class Device:
         def __init__(self, i: int) -> None:
@@ -547,18 +588,22 @@ def _fake_cupy():  # type: ignore[no-untyped-def]
     runtime = types.SimpleNamespace(
         getDeviceCount=lambda: 1,
         getDeviceProperties=lambda i: {"name": b"NVIDIA H200", "major": 9, "minor": 0},
-        runtimeGetVersion=lambda: 12080,
+        runtimeGetVersion=lambda: 13000,
         deviceSynchronize=lambda: None,
     )
     cp = types.ModuleType("cupy")
-    cp.cuda = types.SimpleNamespace(runtime=runtime, Device=Device, get_cuda_path=lambda: None)  # type: ignore[attr-defined]
+    cp.cuda = types.SimpleNamespace(  # type: ignore[attr-defined]
+        runtime=runtime, Device=Device, get_cuda_path=lambda: None,
+        compiler=types.SimpleNamespace(CompileException=FakeCompileException),  # no compile_with_cache
+        nvrtc=types.SimpleNamespace(getVersion=lambda: (13, 0)))
     cp.__version__ = "fake"  # type: ignore[attr-defined]
     cp.uint32 = np.uint32  # type: ignore[attr-defined]
     cp.asarray = lambda x: np.array(x)  # type: ignore[attr-defined]
     cp.asnumpy = lambda x: np.array(x)  # type: ignore[attr-defined]
     cp.zeros = np.zeros  # type: ignore[attr-defined]
-    cp.RawKernel = RawKernel  # type: ignore[attr-defined]
+    cp.RawModule = RawModule  # type: ignore[attr-defined]
     cp.launches = launches  # type: ignore[attr-defined]
+    cp.modules = modules  # type: ignore[attr-defined]
     return cp
 
 
@@ -579,6 +624,10 @@ def test_plumbing_with_a_fake_cupy(monkeypatch: pytest.MonkeyPatch, capsys: pyte
     mr = crosscheck_mma(None, "bf16", "fp32", n=300)  # the model is named after the device
     assert mr.ok and mr.model == "h200 bf16->fp32" and mr.n == 384 + mr.probes and mr.probes > 100
     assert cp.launches[-1][0] == PTX[("bf16", "fp32")]
+    from fpsim.gpu._compile import compile_options
+
+    # every build went through RawModule with fpsim's options, no target forced for conversions and mma.sync
+    assert len(cp.modules) == 2 and all(opts == compile_options(cp) for _, opts in cp.modules)
     # Fewer paths and intrinsics keep the whole run short; the wiring is the same for all of them.
     import fpsim.gpu.convert as conv
     import fpsim.gpu.probing as prb
@@ -587,7 +636,7 @@ def test_plumbing_with_a_fake_cupy(monkeypatch: pytest.MonkeyPatch, capsys: pyte
     few = (("fp16", "fp32"), ("fp8_e4m3", "fp16"))
     monkeypatch.setattr(prb, "PATHS", few)
     monkeypatch.setattr(ra, "PATHS", few)
-    monkeypatch.setattr(ra, "WGMMA_PATHS", ())  # the fake CuPy has no compiler module (tests/test_gpu_wgmma.py)
+    monkeypatch.setattr(ra, "WGMMA_PATHS", ())  # tests/test_gpu_wgmma.py runs them
     monkeypatch.setattr(conv, "CONVERSIONS", {k: v for k, v in conv.CONVERSIONS.items()
                                               if k in (("fp8_e4m3", "rne", True), ("fp8_e5m2", "rne", False))})
     assert cli_main(["probe"]) == 0
@@ -600,3 +649,14 @@ def test_plumbing_with_a_fake_cupy(monkeypatch: pytest.MonkeyPatch, capsys: pyte
     assert res["ok"] and len(res["conversions"]) == 2 and len(res["mma"]) == 2
     assert all(f["exact"] and "h200" in f["matches"] for f in res["probe"]["fits"])
     assert "all bit-exact" in (tmp_path / "results.md").read_text()
+
+
+def test_gpu_extras_and_ci_install() -> None:
+    """The 'gpu' extra is CuPy for CUDA 13, 'gpu-cuda12' for CUDA 12; CI installs NVRTC and headers of CUDA 13."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    toml = (root / "pyproject.toml").read_text(encoding="utf-8")
+    assert 'gpu = ["cupy-cuda13x"]' in toml and 'gpu-cuda12 = ["cupy-cuda12x"]' in toml
+    ci = (root / ".ci" / "run").read_text(encoding="utf-8")
+    assert '"nvidia-cuda-nvrtc==13.*" "nvidia-cuda-runtime==13.*"' in ci

@@ -195,7 +195,12 @@ def test_wgmma_on_a_hopper_gpu(inp: str, out: str) -> None:  # pragma: no cover 
 
 def test_run_all_runs_the_wgmma_paths(monkeypatch: pytest.MonkeyPatch,
                                       tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """python -m fpsim.gpu.run_all on a (fake) H200: the four wgmma paths run after mma.sync and are reported."""
+    """python -m fpsim.gpu.run_all on a (fake) H200 with the REAL wgmma runner: the four wgmma paths are built
+    through RawModule for sm_90a, launched one CTA of 128 threads per tile, and reported.
+
+    The fake is CuPy 14 (no ``cupy.cuda.compiler.compile_with_cache``): the runner that called it recorded four
+    AttributeErrors here and run_all exited 1, which is what the first H200 run would have done.
+    """
     import json
     import sys
 
@@ -204,18 +209,45 @@ def test_run_all_runs_the_wgmma_paths(monkeypatch: pytest.MonkeyPatch,
     import fpsim.gpu.run_all as ra
     from test_gpu import _fake_cupy
 
-    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
+    cp = _fake_cupy()
+    assert not hasattr(cp.cuda.compiler, "compile_with_cache")
+    monkeypatch.setitem(sys.modules, "cupy", cp)
     monkeypatch.setattr(ra, "PATHS", ())
     monkeypatch.setattr(prb, "PATHS", ())
     monkeypatch.setattr(conv, "CONVERSIONS", {})
-
-    def fake_runner(device: int = 0):  # type: ignore[no-untyped-def]
-        return lambda a, b, c, ins: W.emulate_wgmma(a, b, c, ins, get_model("h200", ins.input, ins.output,
-                                                                            path="wgmma"))
-
-    monkeypatch.setattr(W, "wgmma_gpu_runner", fake_runner)
     assert ra.main(["--out", str(tmp_path), "--rows", "512", "--conv-random", "10"]) == 0
     res = json.loads((tmp_path / "results.json").read_text())
+    assert not res["errors"]
     assert [m["path"] for m in res["mma"]] == [f"wgmma {i}->{o}" for i, o in ra.WGMMA_PATHS]
     assert all(m["mismatches"] == 0 and m["instruction"].startswith("wgmma.mma_async") for m in res["mma"])
+    assert all(m["n"] == 64 * 8 * (2 + 1) for m in res["mma"])  # two layout tiles and ceil(512 / 512) random
     assert "wgmma.mma_async.sync.aligned.m64n8k32.f16.e5m2.e5m2" in (tmp_path / "results.md").read_text()
+    assert len(cp.modules) == 4 and all("--gpu-architecture=sm_90a" in opts for _, opts in cp.modules)
+    assert [n for _, _, n in cp.launches] == [3] * 4 and all(th == 3 * 128 for _, th, _ in cp.launches)
+
+
+def test_a_refused_wgmma_kernel_is_skipped_not_failed(monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A toolkit that cannot build wgmma (CuPy's CompileException) marks the paths skipped; run_all still passes."""
+    import json
+    import sys
+
+    import fpsim.gpu.convert as conv
+    import fpsim.gpu.probing as prb
+    import fpsim.gpu.run_all as ra
+    from fpsim.gpu._compile import KernelBuildError, is_compile_error
+    from test_gpu import _fake_cupy
+
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(refuse=("wgmma.fence",)))
+    monkeypatch.setattr(ra, "PATHS", ())
+    monkeypatch.setattr(prb, "PATHS", ())
+    monkeypatch.setattr(conv, "CONVERSIONS", {})
+    assert ra.main(["--out", str(tmp_path), "--rows", "64", "--conv-random", "10"]) == 0
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert not res["errors"] and len(res["mma"]) == 4
+    assert all(m["skipped"].startswith("the CUDA toolkit cannot build it: cannot build fpsim_wgmma for sm_90a: "
+                                       "ptxas") for m in res["mma"])
+    with pytest.raises(KernelBuildError, match="wgmma.fence"):
+        W.crosscheck_wgmma("h200", n=64)
+    assert not is_compile_error(AttributeError("module 'cupy.cuda.compiler' has no attribute 'compile_with_cache'"))
+    assert not is_compile_error(RuntimeError("cudaErrorNotSupported: operation not supported"))

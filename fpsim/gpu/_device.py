@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._fpenv import ieee_mode
+from ._compile import compile_options, is_compile_error  # re-exported: their home is _compile
 
 __all__ = ["DeviceInfo", "GPUUnavailable", "compile_options", "device_info", "is_compile_error", "require_cupy"]
 
@@ -40,8 +41,9 @@ def require_cupy(device: int = 0) -> Any:
     try:
         import cupy
     except Exception as e:  # noqa: BLE001  (ImportError, or a broken CUDA install raising at import)
-        raise GPUUnavailable(f"CuPy is not available ({type(e).__name__}: {e}); install the 'gpu' extra "
-                             "(pip install 'fpsim-precision[gpu]') on a machine with a CUDA GPU") from None
+        raise GPUUnavailable(f"CuPy is not available ({type(e).__name__}: {e}); on a machine with a CUDA GPU "
+                             "install the 'gpu' extra for CUDA 13 (pip install 'fpsim-precision[gpu]', i.e. "
+                             "cupy-cuda13x) or 'gpu-cuda12' for CUDA 12 (cupy-cuda12x)") from None
     try:
         count = int(cupy.cuda.runtime.getDeviceCount())
     except Exception as e:  # noqa: BLE001  (CUDARuntimeError and driver errors alike mean "no GPU")
@@ -64,23 +66,3 @@ def device_info(device: int = 0) -> DeviceInfo:
     cc = int(props["major"]) * 10 + int(props["minor"])
     return DeviceInfo(index=device, name=name, cc=cc, cuda_runtime=int(cp.cuda.runtime.runtimeGetVersion()),
                       cupy_version=str(cp.__version__))
-
-
-def compile_options(cp: Any) -> tuple[str, ...]:
-    """NVRTC options: C++17 and, when CuPy knows the CUDA toolkit, its include folder (for ``cuda_fp8.h``)."""
-    import os
-
-    opts = ["-std=c++17"]
-    try:
-        root = cp.cuda.get_cuda_path()
-    except Exception:  # noqa: BLE001  (older CuPy: no toolkit lookup; rely on CuPy's own include path)
-        root = None
-    if root and os.path.isdir(os.path.join(root, "include")):
-        opts.append("-I" + os.path.join(root, "include"))
-    return tuple(opts)
-
-
-def is_compile_error(e: BaseException) -> bool:
-    """Whether `e` says the CUDA toolkit cannot build a kernel (an instruction or header it lacks)."""
-    text = f"{type(e).__name__} {e}".lower()
-    return any(w in text for w in ("compileexception", "ptxas", "nvrtc", "not supported", "unsupported"))

@@ -21,6 +21,7 @@ from ..rounding import as_rounding
 
 __all__ = [
     "CONVERSIONS",
+    "CONVERSION_MIN_CC",
     "RoundReport",
     "compare_round",
     "conversion_inputs",
@@ -46,6 +47,12 @@ CONVERSIONS: dict[tuple[str, str, bool], str] = {
     # PTX cvt.rna.tf32.f32 (sm_80+): nearest, ties away; the 19-bit code is the top of the fp32 word.
     ("tf32", "rna", False): "(fpsim_cvt_rna_tf32(x) >> 13)",
 }
+
+#: Lowest compute capability (10*major + minor) a conversion kernel compiles for, by format; 70 (Volta) when absent.
+#: PTX ``cvt.rna.tf32.f32`` needs sm_80. The fp16, bf16 and FP8 intrinsics exist on every target: below the
+#: hardware instruction the CUDA headers emulate them in integer code (bf16 directed roundings below sm_90, FP8
+#: below sm_89, and FP8 without saturation (``__NV_NOSAT``) on every target, CUDA 13.5's ``cuda_fp8.hpp``).
+CONVERSION_MIN_CC: dict[str, int] = {"tf32": 80}
 
 _HEADERS = {
     "fp16": "#include <cuda_fp16.h>",
@@ -251,11 +258,11 @@ def compare_round(fmt: FormatLike, inputs: Any, gpu_codes: Any, rounding: str = 
 def run_conversion(x: np.ndarray, fmt: FormatLike, rounding: str = "rne", *, saturate: bool = False,
                    device: int = 0) -> np.ndarray:
     """Convert float32 `x` on CUDA device `device` with the intrinsic; returns the codes (uint32)."""
-    from ._device import compile_options, require_cupy
+    from ._compile import build_kernel
+    from ._device import require_cupy
 
     cp = require_cupy(device)
-    src = conversion_kernel_source(fmt, rounding, saturate=saturate)
-    kern = cp.RawKernel(src, KERNEL_NAME, options=compile_options(cp))
+    kern = build_kernel(cp, conversion_kernel_source(fmt, rounding, saturate=saturate), KERNEL_NAME)
     xs = cp.asarray(_as_f32(x))
     out = cp.zeros(xs.size, dtype=cp.uint32)
     threads = 256

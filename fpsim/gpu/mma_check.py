@@ -218,14 +218,16 @@ def _decode_inputs_out(codes: np.ndarray, ins: MMAInstruction) -> np.ndarray:
 @ieee_mode
 def gpu_runner(device: int = 0) -> Runner:
     """A runner that executes the instruction on CUDA device `device` through CuPy (compiled once per path)."""
-    from ._device import compile_options, require_cupy
+    from ._compile import build_kernel, device_arch
+    from ._device import device_info, require_cupy
 
     cp = require_cupy(device)
+    cc = device_info(device).cc
     cache: dict[str, Any] = {}
 
     def run(aw: np.ndarray, bw: np.ndarray, cw: np.ndarray, ins: MMAInstruction) -> np.ndarray:
         if ins.ptx not in cache:
-            cache[ins.ptx] = cp.RawKernel(mma_kernel_source(ins), KERNEL_NAME, options=compile_options(cp))
+            cache[ins.ptx] = build_kernel(cp, mma_kernel_source(ins), KERNEL_NAME, arch=device_arch(ins, cc))
         kern = cache[ins.ptx]
         t = aw.shape[0]
         da, db, dc = (cp.asarray(np.ascontiguousarray(x, dtype=np.uint32)) for x in (aw, bw, cw))

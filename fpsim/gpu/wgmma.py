@@ -84,6 +84,8 @@ class WGMMAInstruction(MMAInstruction):
         FP8 type of A and B (fp8_e4m3 or fp8_e5m2), and fp32 or fp16 for C/D.
     n : int
         N of the instruction: a multiple of 8 in [8, 256].
+    arch_suffix : str
+        ``"a"``: it compiles for ``sm_90a`` only (:func:`fpsim.gpu._compile.device_arch`).
     """
 
     k: int = 32
@@ -91,6 +93,8 @@ class WGMMAInstruction(MMAInstruction):
     ptx_isa: str = "8.0"
     m: int = 64
     n: int = 8
+    #: wgmma exists on the architecture-specific target sm_90a only (not sm_90, not sm_100a)
+    arch_suffix: str = "a"
 
     @property
     def ptx(self) -> str:
@@ -344,7 +348,8 @@ def run_wgmma_tiles(a: Any, b: Any, c: Any, ins: WGMMAInstruction, runner: WGMMA
 @ieee_mode
 def wgmma_gpu_runner(device: int = 0) -> WGMMARunner:
     """A runner executing the instruction on CUDA device `device` (a Hopper GPU) through CuPy, compiled for sm_90a."""
-    from ._device import GPUUnavailable, compile_options, device_info, require_cupy
+    from ._compile import build_kernel, device_arch
+    from ._device import GPUUnavailable, device_info, require_cupy
 
     cp = require_cupy(device)
     info = device_info(device)
@@ -355,10 +360,8 @@ def wgmma_gpu_runner(device: int = 0) -> WGMMARunner:
 
     def run(aw: np.ndarray, bw: np.ndarray, cw: np.ndarray, ins: WGMMAInstruction) -> np.ndarray:
         if ins.ptx not in cache:
-            from cupy.cuda import compiler
-
-            mod = compiler.compile_with_cache(wgmma_kernel_source(ins), options=compile_options(cp), arch="90a")
-            cache[ins.ptx] = mod.get_function(WGMMA_KERNEL_NAME)
+            cache[ins.ptx] = build_kernel(cp, wgmma_kernel_source(ins), WGMMA_KERNEL_NAME,
+                                          arch=device_arch(ins, info.cc))
         kern = cache[ins.ptx]
         t = aw.shape[0]
         da = cp.asarray(np.ascontiguousarray(aw, dtype=np.uint8).view(np.uint32))
