@@ -38,6 +38,7 @@ from .formats import (
     fp64,
     register,
     tf32,
+    ue5m3,
 )
 from .rounding import Overflow, Rounding, RoundingReport, analyze, as_overflow, as_rounding, round
 
@@ -86,6 +87,7 @@ __all__ = [
     "fp8_e4m3_ieee",
     "fp8_e3m4",
     "fp8_e4m3b11fnuz",
+    "ue5m3",
     # rounding
     "Rounding",
     "Overflow",

@@ -51,6 +51,7 @@ __all__ = [
     "fp8_e4m3_ieee",
     "fp8_e3m4",
     "fp8_e4m3b11fnuz",
+    "ue5m3",
 ]
 
 
@@ -487,5 +488,13 @@ fp8_e4m3_ieee = register(Format("fp8_e4m3_ieee", 4, 3, aliases=("float8_e4m3",))
 fp8_e3m4 = register(Format("fp8_e3m4", 3, 4, aliases=("float8_e3m4",)))
 fp8_e4m3b11fnuz = register(
     Format("fp8_e4m3b11fnuz", 4, 3, bias=11, has_inf=False, nan=_N.NEG_ZERO, aliases=("float8_e4m3b11fnuz",))
+)
+# UE5M3, the block-scale type of NVIDIA's Rubin generation: unsigned E5M3, bias 15, subnormals, no infinity,
+# NaN only at 0xFF (so the largest value is 0xFE = 1.75 * 2**16 = 114688). NVIDIA's PTX ISA 13.4 introduces it
+# as a scale type (``.ue5m3``); the layout, the absence of infinity and the single NaN are what the source fixes.
+# The bias 15 and the subnormal range are those of ml_dtypes 0.7.0's float8_e5m3fnu (finfo: smallest normal
+# 2**-14, smallest subnormal 2**-17, max 114688), which the tests check code by code.
+ue5m3 = register(
+    Format("ue5m3", 5, 3, has_inf=False, nan=_N.ALL_ONES, signed=False, aliases=("float8_e5m3fnu", "e5m3fnu"))
 )
 del _N
