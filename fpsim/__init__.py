@@ -37,6 +37,7 @@ from .formats import (
     fp32,
     fp64,
     register,
+    hif8,
     tf32,
     ue5m3,
 )
@@ -88,6 +89,7 @@ __all__ = [
     "fp8_e3m4",
     "fp8_e4m3b11fnuz",
     "ue5m3",
+    "hif8",
     # rounding
     "Rounding",
     "Overflow",

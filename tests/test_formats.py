@@ -60,9 +60,13 @@ def test_every_pattern_decodes_and_reencodes(fmt: fpsim.Format) -> None:
     assert np.array_equal(back[~nan], codes[~nan]), "encode(decode(c)) != c"
     if nan.any():
         assert np.all(back[nan] == fmt.nan_code), "NaN patterns re-encode to the canonical NaN"
-    # decoding is monotone in the sign-magnitude order of codes
+    # decoding is monotone in the sign-magnitude order of codes (not in a tapered table format: HiF8's
+    # sign-magnitude exponent puts 2**-1 after 2**1)
     pos = v[(codes < (1 << (fmt.width - 1)) if fmt.signed else codes >= 0) & ~nan]
-    assert np.all(np.diff(pos) > 0)
+    if fmt.table is None:
+        assert np.all(np.diff(pos) > 0)
+    else:
+        assert np.unique(pos).size == pos.size
 
 
 @pytest.mark.parametrize("fmt", [f for f in SMALL if f.name in fpsim.bits._ML_NAMES
