@@ -281,7 +281,8 @@ def _finish_decode(c: np.ndarray, ef: np.ndarray, mant: np.ndarray, neg: np.ndar
 
 @ieee_mode
 def bits_str(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, sep: str = " ") -> Any:
-    """The sign, exponent and mantissa fields of ``x`` rounded into ``fmt``, as strings.
+    """The sign, exponent and mantissa fields of ``x`` rounded into ``fmt``, as strings (for a table format such
+    as HiF8, whose fields vary code by code: the sign and the rest).
 
     >>> import fpsim
     >>> fpsim.bits_str(1.0, "bf16")
@@ -299,6 +300,9 @@ def bits_str(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, sep: st
         if f.signed:
             parts.append(s[0])
             i = 1
+        if f.table is not None:  # a table format has no fixed fields (HiF8's widths vary): sign, then the rest
+            parts.append(s[i:])
+            return sep.join(parts)
         parts.append(s[i : i + f.ebits])
         if f.mbits:
             parts.append(s[i + f.ebits :])
