@@ -2,13 +2,14 @@
 
 The oracle decodes each code from the bit fields (sign, prefix-coded dot, sign-magnitude exponent with an implicit
 leading bit, mantissa; denormal mode 2**(M-23)) independently of fpsim's table, and rounds with exact rationals
-(fractions; MPFR via gmpy2 where the value is a grid neighbour test): the nearest value, ties away from zero
+(fractions: every comparison with a neighbour or a midpoint is exact): the nearest value, ties away from zero
 (the paper's TA) or to the even code, overflow from the midpoint of 2**15 and 1.5 * 2**15 (the place of the
 infinity code on the grid). en_dtypes (which has ``hifloat8``) is a second oracle where it is installed.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from fractions import Fraction
 
@@ -50,6 +51,8 @@ def spec_decode(code: int) -> float:
 CODES = list(range(256))
 DECODED = [spec_decode(c) for c in CODES]
 POS = sorted((v, c) for c, v in zip(CODES, DECODED) if not math.isnan(v) and 0 <= v < math.inf)
+GRID: list[tuple[float, int | None]] = [*POS, (ABOVE, None)]
+GRID_Q = [Fraction(v) for v, _ in GRID]
 
 
 def oracle(x: float, mode: str, overflow: str = "ieee") -> float:
@@ -60,8 +63,8 @@ def oracle(x: float, mode: str, overflow: str = "ieee") -> float:
         r = MAX if overflow == "saturate" else math.inf
         return -r if neg else r
     a = Fraction(abs(x))
-    grid = POS + [(ABOVE, None)]
-    k = max(i for i, (v, _) in enumerate(grid) if Fraction(v) <= a) if a < Fraction(ABOVE) else len(grid) - 1
+    grid = GRID
+    k = bisect.bisect_right(GRID_Q, a) - 1  # the last grid value <= a (exact comparisons)
     lo, clo = grid[k]
     if Fraction(lo) == a or k == len(grid) - 1:
         r_i = k
