@@ -559,8 +559,8 @@ fp8_e4m3b11fnuz = register(
     Format("fp8_e4m3b11fnuz", 4, 3, bias=11, has_inf=False, nan=_N.NEG_ZERO, aliases=("float8_e4m3b11fnuz",))
 )
 # UE5M3, the block-scale type of NVIDIA's Rubin generation: unsigned E5M3, bias 15, subnormals, no infinity,
-# NaN only at 0xFF (so the largest value is 0xFE = 1.75 * 2**16 = 114688). NVIDIA's PTX ISA 13.4 introduces it
-# as a scale type (``.ue5m3``); the layout, the absence of infinity and the single NaN are what the source fixes.
+# NaN only at 0xFF (so the largest value is 0xFE = 1.75 * 2**16 = 114688). The layout, the absence of infinity
+# and the single NaN are as cited for PTX ISA 13.4 (whose text was not at hand here: not checked against it).
 # The bias 15 and the subnormal range are those of ml_dtypes 0.7.0's float8_e5m3fnu (finfo: smallest normal
 # 2**-14, smallest subnormal 2**-17, max 114688), which the tests check code by code.
 ue5m3 = register(
