@@ -40,7 +40,9 @@ from .formats import (
     fp32,
     fp64,
     register,
+    hif8,
     tf32,
+    ue5m3,
 )
 from .rounding import Overflow, Rounding, RoundingReport, analyze, as_overflow, as_rounding, round
 from . import random  # counter-based streams for rounding="sr" (rounding imports it)
@@ -111,6 +113,8 @@ __all__ = [
     "fp8_e4m3_ieee",
     "fp8_e3m4",
     "fp8_e4m3b11fnuz",
+    "ue5m3",
+    "hif8",
     # rounding
     "Rounding",
     "Overflow",

@@ -26,6 +26,7 @@ from ._carrier import as_float_array
 from .bits import from_bits
 from .formats import Format
 from .rounding import round as _round
+from .rounding import table_grid
 
 __all__ = ["float_input", "values", "ulp", "lowest", "neighbour", "ulp_below"]
 
@@ -53,6 +54,11 @@ def ulp(fmt: Format, x: Any) -> Any:
     a = np.abs(float_input(x))
     fin = np.isfinite(a)
     a = np.where(fin, a, 1.0)  # frexp of inf/NaN is meaningless; replaced by NaN below
+    if fmt.table is not None:  # tapered: the gap of the grid interval holding |x| (the last one beyond max)
+        v, _ = table_grid(fmt)
+        i = np.clip(np.searchsorted(v, a, side="right") - 1, 0, v.size - 2)
+        t = np.where(fin, v[i + 1] - v[i], np.nan)
+        return t[()] if t.ndim == 0 else t
     with np.errstate(divide="ignore"):
         e = np.where(a > 0, np.frexp(a)[1] - 1, fmt.emin)
     e = np.clip(e, fmt.emin, fmt.emax)
@@ -83,7 +89,12 @@ def neighbour(fmt: Format, x: Any, *, up: bool) -> Any:
         mid = (xa > lo) & (xa <= hi)
         r = np.where(xa > hi, hi, np.where(xa <= lo, -np.inf if (fmt.has_inf and fmt.signed) else np.nan,
                                            np.nan))
-    if np.any(mid):
+    if np.any(mid) and fmt.table is not None:  # tapered: the next value in the sorted grid
+        v, _ = table_grid(fmt)
+        w = np.concatenate([-v[-2:0:-1], v[:-1]])  # every finite value, ascending (0 once)
+        xm = xa[mid]
+        r[mid] = w[np.searchsorted(w, xm, side="right")] if up else w[np.searchsorted(w, xm, side="left") - 1]
+    elif np.any(mid):
         xm = xa[mid]
         rm = np.asarray(_round(xm, fmt, "rup" if up else "rdn", overflow="saturate"), dtype=np.float64)
         same = rm == xm

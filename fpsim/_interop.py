@@ -280,6 +280,7 @@ ML_NAMES = {
     "fp8_e4m3_ieee": "float8_e4m3",
     "fp8_e3m4": "float8_e3m4",
     "fp8_e4m3b11fnuz": "float8_e4m3b11fnuz",
+    "ue5m3": "float8_e5m3fnu",  # ml_dtypes 0.7.0 and later
 }
 
 
@@ -294,7 +295,11 @@ def ml_dtype(fmt: FormatLike) -> np.dtype:
         return dt
     import ml_dtypes
 
-    mdt: np.dtype = np.dtype(getattr(ml_dtypes, name))
+    typ = getattr(ml_dtypes, name, None)
+    if typ is None:  # a type newer than the installed ml_dtypes (float8_e5m3fnu arrived in 0.7.0)
+        raise ValueError(f"{f.name} is stored as ml_dtypes.{name}, which ml_dtypes {ml_dtypes.__version__} lacks; "
+                         "a newer ml_dtypes has it")
+    mdt: np.dtype = np.dtype(typ)
     return mdt
 
 

@@ -99,6 +99,8 @@ def _encode(v: np.ndarray, f: Format) -> np.ndarray:
     """Codes of values ``v`` (float64, already representable in ``f``)."""
     ct = code_dtype(f)
     v = np.asarray(v, dtype=np.float64)
+    if f.table is not None:
+        return _encode_table(v, f).astype(ct)
     nan = np.isnan(v)
     if np.any(nan) and f.nan_code is None:
         raise ValueError(f"{f.name} has no NaN encoding; input holds NaN")
@@ -135,6 +137,27 @@ def _encode(v: np.ndarray, f: Format) -> np.ndarray:
     return code.astype(ct)
 
 
+def _encode_table(v: np.ndarray, f: Format) -> np.ndarray:
+    """Codes of the values ``v`` of a table format: each magnitude looked up among the sorted values."""
+    assert f.table is not None
+    t = np.array(f.table, dtype=np.float64)
+    order = np.argsort(t, kind="stable")  # inf sorts last
+    ts, cs = t[order], order.astype(np.uint64)
+    nan = np.isnan(v)
+    if np.any(nan) and f.nan_code is None:
+        raise ValueError(f"{f.name} has no NaN encoding; input holds NaN")
+    a = np.where(nan, 0.0, np.abs(v))
+    i = np.minimum(np.searchsorted(ts, a), ts.size - 1)
+    bad = ts[i] != a
+    if np.any(bad):
+        raise ValueError(f"value {v[bad].ravel()[0]!r} is not representable in {f.name}; round it first")
+    code = cs[i]
+    code = np.where(np.signbit(v) & (a != 0) & ~nan, code | np.uint64(1 << (f.width - 1)), code)
+    if f.nan_code is not None:
+        code = np.where(nan, np.uint64(f.nan_code), code)
+    return np.asarray(code, dtype=np.uint64)
+
+
 @ieee_mode
 @returns_input_kind(dtype_option=False)
 def to_bits(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, overflow: Overflow | str = "ieee",
@@ -161,7 +184,8 @@ def to_bits(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, overflow
     srb = None if sr_bits is None else int(sr_bits)
     # Block by block: the float64 temporaries of the encoding stay a few MiB (not ~20x the input);
     # SR draws the same random words as one round() call of the whole array.
-    fast = use_c_bits and _carith is not None and (_c_encodable(f) or (f.width <= 8 and f.fits_float32))
+    fast = (use_c_bits and _carith is not None and f.table is None
+            and (_c_encodable(f) or (f.width <= 8 and f.fits_float32)))
     # compiled: larger blocks (one rounded block of at most 2 MiB is the only temporary), fewer calls
     step = BLOCK * 4 if fast else BLOCK
     for i in range(0, flat.size, step):
@@ -210,6 +234,13 @@ def _decode_block(c: np.ndarray, f: Format) -> np.ndarray:
         bad = c[(c < 0) | (c.astype(np.uint64) > top)].ravel()[0]
         raise ValueError(f"code {int(bad)} does not fit in {f.name}'s {f.width} bits")
     c = c.astype(np.uint64)
+    if f.table is not None:  # a table format: the magnitude of the code without its sign bit
+        sbit = np.uint64(1 << (f.width - 1))
+        mag = np.array(f.table, dtype=np.float64)[(c & (sbit - np.uint64(1))).astype(np.intp)]
+        v = np.where((c & sbit) != 0, -mag, mag)
+        if f.nan_code is not None:
+            v = np.where(c == np.uint64(f.nan_code), np.nan, v)
+        return np.asarray(v, dtype=np.float64)
     mb = np.uint64(f.mbits)
     mant = (c & ((np.uint64(1) << mb) - np.uint64(1))).astype(np.float64)
     ef = ((c >> mb) & np.uint64((1 << f.ebits) - 1)).astype(np.int64)
@@ -250,7 +281,8 @@ def _finish_decode(c: np.ndarray, ef: np.ndarray, mant: np.ndarray, neg: np.ndar
 
 @ieee_mode
 def bits_str(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, sep: str = " ") -> Any:
-    """The sign, exponent and mantissa fields of ``x`` rounded into ``fmt``, as strings.
+    """The sign, exponent and mantissa fields of ``x`` rounded into ``fmt``, as strings (for a table format such
+    as HiF8, whose fields vary code by code: the sign and the rest).
 
     >>> import fpsim
     >>> fpsim.bits_str(1.0, "bf16")
@@ -268,6 +300,9 @@ def bits_str(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, sep: st
         if f.signed:
             parts.append(s[0])
             i = 1
+        if f.table is not None:  # a table format has no fixed fields (HiF8's widths vary): sign, then the rest
+            parts.append(s[i:])
+            return sep.join(parts)
         parts.append(s[i : i + f.ebits])
         if f.mbits:
             parts.append(s[i + f.ebits :])

@@ -51,6 +51,8 @@ __all__ = [
     "fp8_e4m3_ieee",
     "fp8_e3m4",
     "fp8_e4m3b11fnuz",
+    "ue5m3",
+    "hif8",
 ]
 
 
@@ -104,6 +106,15 @@ class Format:
     has_zero : bool
         Whether zero is representable. When False (e8m0), the all-zeros exponent encodes the
         smallest normal power of two ``2**-bias``.
+    table : tuple of float, optional
+        For a format that no exponent/mantissa layout describes (tapered precision, as HiF8): the magnitude of
+        every code with the sign bit clear, in code order (``0.0`` first, ``inf`` at the infinity code). Rounding,
+        encoding and neighbours then follow the sorted values (``fpsim.rounding``'s table path); ``ebits`` and
+        ``mbits`` only say the widest exponent range and the most fraction bits (``eps``, ``p``), ``bias`` gives
+        the smallest normal ``2**(1 - bias)``. Such a format is signed, and its NaN is NEG_ZERO's or none.
+    table_above : float, optional
+        With ``table``: the value the code after ``max`` would have on the format's grid. Rounding to nearest
+        overflows from the midpoint of ``max`` and it (IEEE 754 7.4's unbounded-exponent rule).
 
     Examples
     --------
@@ -127,6 +138,8 @@ class Format:
     subnormals: bool = True
     signed: bool = True
     has_zero: bool = True
+    table: tuple[float, ...] | None = field(default=None, repr=False)
+    table_above: float | None = field(default=None, repr=False)
     aliases: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -168,7 +181,11 @@ class Format:
                                  "as e8m0")
             # The all-zeros exponent encodes the normal 2**emin: there is no subnormal range.
             object.__setattr__(self, "subnormals", False)
-        if self.has_inf and nan in (NaNEncoding.ALL_ONES, NaNEncoding.NEG_ZERO):
+        if self.table is not None:
+            self._check_table()
+        elif self.table_above is not None:
+            raise ValueError("Format.table_above needs a table")
+        if self.has_inf and nan in (NaNEncoding.ALL_ONES, NaNEncoding.NEG_ZERO) and self.table is None:
             raise ValueError(f"infinity together with NaN encoding {nan.value!r} is not supported")
         if self.has_inf and self.mbits == 0 and nan is NaNEncoding.IEEE:
             raise ValueError("an IEEE NaN encoding needs at least one mantissa bit")
@@ -180,6 +197,24 @@ class Format:
                 f"format {self.name!r} has a range beyond float64 (emin={self.emin}, emax={self.emax})"
             )
 
+    def _check_table(self) -> None:
+        t = self.table
+        if not isinstance(t, tuple) or not all(isinstance(v, float) for v in t):
+            raise TypeError(f"Format.table must be a tuple of floats, got {t!r}")
+        n = len(t)
+        if n < 2 or n & (n - 1):
+            raise ValueError(f"Format.table must hold a power of two (>= 2) of magnitudes, one per code; got {n}")
+        if not self.signed or self.nan not in (NaNEncoding.NEG_ZERO, NaNEncoding.NONE):
+            raise ValueError("a table format is signed, with NaN encoding 'neg_zero' or 'none'")
+        fin = [v for v in t if math.isfinite(v)]
+        if t[0] != 0.0 or any(math.isnan(v) or v < 0 for v in t) or len(set(t)) != n:
+            raise ValueError("Format.table must start with 0.0 and hold distinct nonnegative magnitudes (inf allowed)")
+        if (math.inf in t) != self.has_inf or t.count(math.inf) > 1:
+            raise ValueError(f"Format.table holds {t.count(math.inf)} infinities but has_inf={self.has_inf}")
+        ab = self.table_above
+        if not isinstance(ab, float) or not math.isfinite(ab) or ab <= max(fin):
+            raise ValueError(f"Format.table_above must be a finite float above the largest value, got {ab!r}")
+
     # -- derived limits -------------------------------------------------------------------------
     @property
     def p(self) -> int:
@@ -189,6 +224,8 @@ class Format:
     @property
     def width(self) -> int:
         """Total storage width in bits."""
+        if self.table is not None:
+            return int(self.signed) + (len(self.table) - 1).bit_length()
         return int(self.signed) + self.ebits + self.mbits
 
     @property
@@ -211,6 +248,8 @@ class Format:
     def emax(self) -> int:
         """Exponent of the largest finite number."""
         assert self.bias is not None
+        if self.table is not None:
+            return math.frexp(self.max)[1] - 1
         return self._top_field - self.bias
 
     @property
@@ -225,6 +264,8 @@ class Format:
     @property
     def max(self) -> float:
         """Largest finite value."""
+        if self.table is not None:
+            return max(v for v in self.table if v != math.inf)
         return math.ldexp(1.0 + self.max_mantissa / (1 << self.mbits), self.emax)
 
     @property
@@ -235,6 +276,8 @@ class Format:
     @property
     def min_subnormal(self) -> float:
         """Smallest positive value (equal to ``min_normal`` without subnormals)."""
+        if self.table is not None:
+            return min(v for v in self.table if v > 0) if self.subnormals else self.min_normal
         return _pow2(self.emin - self.mbits) if self.subnormals else self.min_normal
 
     @property
@@ -261,6 +304,8 @@ class Format:
         """
         if self == other:
             return True
+        if self.table is not None or other.table is not None:
+            return self._holds_values_of(other)
         lo_self = self.emin - (self.mbits if self.subnormals else 0)
         lo_other = other.emin - (other.mbits if other.subnormals else 0)
         return (
@@ -271,6 +316,30 @@ class Format:
             and (self.signed_zero or not other.signed_zero)
             and (self.signed or not other.signed)
         )
+
+    def _holds_values_of(self, other: Format) -> bool:
+        """`contains` where a table format is involved: every finite value of ``other`` (at most 16 bits wide,
+        or a table) checked one by one, by the definition of ``self`` alone."""
+        if (other.has_inf and not self.has_inf) or (other.signed_zero and not self.signed_zero) or (
+                other.signed and not self.signed):
+            return False
+        if other.table is not None:
+            mags: list[float] = [v for v in other.table if math.isfinite(v)]
+        elif other.width <= 16:
+            mags = [float(v) for v in other.values() if v >= 0]
+        else:
+            return False
+        if self.table is not None:
+            return set(mags) <= set(self.table)
+        for v in mags:  # a non-table self: v a multiple of self's quantum at its exponent, within range
+            if v == 0:
+                continue
+            if v > self.max or v < self.min_subnormal:
+                return False
+            e = max(math.frexp(v)[1] - 1, self.emin)
+            if math.ldexp(v, self.mbits - e) % 1:
+                return False
+        return True
 
     # -- bit-level constants used by bits.py ----------------------------------------------------
     @property
@@ -357,7 +426,8 @@ class Format:
         return {
             "name": self.name,
             "bits": self.width,
-            "layout": f"{'1' if self.signed else '0'}-{self.ebits}-{self.mbits}",
+            "layout": (f"{'1' if self.signed else '0'}-{self.ebits}-{self.mbits}" if self.table is None
+                       else f"{'1' if self.signed else '0'}-tapered"),
             "bias": self.bias,
             "p": self.p,
             "emin": self.emin,
@@ -487,5 +557,55 @@ fp8_e4m3_ieee = register(Format("fp8_e4m3_ieee", 4, 3, aliases=("float8_e4m3",))
 fp8_e3m4 = register(Format("fp8_e3m4", 3, 4, aliases=("float8_e3m4",)))
 fp8_e4m3b11fnuz = register(
     Format("fp8_e4m3b11fnuz", 4, 3, bias=11, has_inf=False, nan=_N.NEG_ZERO, aliases=("float8_e4m3b11fnuz",))
+)
+# UE5M3, the block-scale type of NVIDIA's Rubin generation: unsigned E5M3, bias 15, subnormals, no infinity,
+# NaN only at 0xFF (so the largest value is 0xFE = 1.75 * 2**16 = 114688). The layout, the absence of infinity
+# and the single NaN are as cited for PTX ISA 13.4 (whose text was not at hand here: not checked against it).
+# The bias 15 and the subnormal range are those of ml_dtypes 0.7.0's float8_e5m3fnu (finfo: smallest normal
+# 2**-14, smallest subnormal 2**-17, max 114688), which the tests check code by code.
+ue5m3 = register(
+    Format("ue5m3", 5, 3, has_inf=False, nan=_N.ALL_ONES, signed=False, aliases=("float8_e5m3fnu", "e5m3fnu"))
+)
+
+
+def _hif8_table() -> tuple[float, ...]:
+    """HiF8's 128 magnitudes, code by code, from the definition of arXiv 2409.16626 (Ascend HiFloat8, v1).
+
+    After the sign bit, a prefix-coded dot field D says how many exponent bits follow: ``11`` 4, ``10`` 3,
+    ``01`` 2, ``001`` 1, ``0001`` 0, and ``0000`` is the denormal mode. The exponent is sign-magnitude with an
+    implicit leading magnitude bit (its first stored bit the exponent's sign, 1 negative), so D bits give
+    |E| in [2**(D-1), 2**D - 1] (D = 0: E = 0); the mantissa takes the bits left. Denormal mode: the 3 bits M give
+    2**(M - 23) (M = 0 is zero). The code 0x6F (E = +15, mantissa 1) is infinity, 0x80 (the -0 pattern) NaN.
+    """
+    mags: list[float] = []
+    for code in range(128):
+        b = f"{code:07b}"
+        for prefix, d in (("11", 4), ("10", 3), ("01", 2), ("001", 1), ("0001", 0), ("0000", -1)):
+            if b.startswith(prefix):
+                rest = b[len(prefix):]
+                break
+        if d < 0:
+            m = int(rest, 2)
+            mags.append(0.0 if m == 0 else math.ldexp(1.0, m - 23))
+            continue
+        if d == 0:
+            e, mant = 0, rest
+        else:
+            es, em, mant = rest[0], rest[1:d], rest[d:]
+            mag = (1 << (d - 1)) | (int(em, 2) if em else 0)
+            e = -mag if es == "1" else mag
+        mb = len(mant)
+        mags.append(math.ldexp(1.0 + (int(mant, 2) if mb else 0) / (1 << mb), e))
+    mags[0x6F] = math.inf
+    return tuple(mags)
+
+
+# HiF8 (Huawei Ascend, arXiv 2409.16626): tapered precision, 3 fraction bits for |E| <= 3, 2 for 4..7, 1 for
+# 8..15, and 7 denormal powers 2**-22..2**-16; max 2**15, no -0, NaN at 0x80, ±inf at 0x6F/0xEF. A table format:
+# ebits/mbits are the widest (31 exponents, 3 bits), bias 16 puts the smallest normal at 2**-15. The overflow
+# boundary comes from the code after max: 0x6F's place on the grid, 1.5 * 2**15.
+hif8 = register(
+    Format("hif8", 5, 3, bias=16, has_inf=True, nan=_N.NEG_ZERO, table=_hif8_table(), table_above=49152.0,
+           aliases=("hifloat8",))
 )
 del _N

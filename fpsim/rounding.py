@@ -571,10 +571,16 @@ def _same_elements(x: np.ndarray, y: np.ndarray) -> bool:
 def _round_array_impl(a: np.ndarray, fmt: Format, mode: Rounding, overflow: Overflow, subnormals: bool,
                       rng: np.random.Generator | Philox | None, sr_bits: int | None,
                       out: np.ndarray | None = None) -> np.ndarray:
-    c = _carrier_for(a.dtype, fmt, mode, sr_bits)
     out_dtype = np.dtype(np.float32) if a.dtype == np.float32 and fmt.fits_float32 else np.dtype(np.float64)
     if out is not None:
         out = check_out(out, a.shape, out_dtype)
+    if fmt.table is not None:
+        t = _round_table(np.asarray(a, dtype=np.float64).reshape(-1), fmt, mode, overflow, subnormals, rng, sr_bits)
+        if out is not None:
+            np.copyto(out, t.reshape(a.shape))
+            return out
+        return t.astype(out_dtype, copy=False).reshape(a.shape)
+    c = _carrier_for(a.dtype, fmt, mode, sr_bits)
     pl = _plan_cached(c, fmt, mode, overflow, subnormals, sr_bits)
     src = np.ascontiguousarray(a).reshape(-1)
     if src.dtype != c.ftype:
@@ -603,6 +609,103 @@ def _round_array_impl(a: np.ndarray, fmt: Format, mode: Rounding, overflow: Over
     if r.dtype != out_dtype:
         r = r.astype(out_dtype)
     return r.reshape(a.shape)
+
+
+# --------------------------------------------------------------------------------------------------
+# Formats given by a table of values (tapered precision: HiF8)
+
+_TABLE_GRIDS: dict[Format, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def table_grid(fmt: Format) -> tuple[np.ndarray, np.ndarray]:
+    """A table format's finite magnitudes in ascending order, with ``table_above`` appended, and the code of
+    each (the appended one gets the code after max's: only its parity is used, for ties to even)."""
+    g = _TABLE_GRIDS.get(fmt)
+    if g is None:
+        assert fmt.table is not None and fmt.table_above is not None
+        t = np.array(fmt.table, dtype=np.float64)
+        codes = np.flatnonzero(np.isfinite(t))
+        order = np.argsort(t[codes], kind="stable")
+        v, cv = t[codes][order], codes[order]
+        g = (np.append(v, fmt.table_above), np.append(cv, cv[-1] + 1).astype(np.int64))
+        _TABLE_GRIDS[fmt] = g
+    return g
+
+
+def _round_table(x: np.ndarray, fmt: Format, mode: Rounding, overflow: Overflow, subnormals: bool,
+                 rng: np.random.Generator | None, sr_bits: int | None, overflows: np.ndarray | None = None
+                 ) -> np.ndarray:
+    """The table path of the one rounding: float64 ``x`` onto the sorted values of a table format.
+
+    The two neighbours of ``|x|`` come from a binary search; the mode picks one exactly as the bit kernel does
+    (nearest by comparing ``2|x|`` with their sum, which is exact; ties to the even *code*, or away from zero;
+    RTO to the odd code; SR up with probability distance / gap). Past ``max`` the grid goes on to
+    ``table_above``; a result there is an overflow (IEEE 754 7.4, as `_overflow_result`), flagged in
+    ``overflows`` (a bool array like ``x``) when given."""
+    v, codes = table_grid(fmt)
+    n = v.size - 1  # index of table_above
+    out = np.empty(x.size, dtype=np.float64)
+    rand_all = None
+    if mode is Rounding.SR:
+        assert rng is not None
+        k = 32 if sr_bits is None else int(sr_bits)
+        rand_all = rng.integers(0, 1 << k, size=x.size, dtype=np.uint64)  # one word per element, in order
+    for i in range(0, x.size, _CHUNK):
+        xs = x[i : i + _CHUNK]
+        neg = np.signbit(xs)
+        mag = np.abs(xs)
+        fin = np.isfinite(mag)
+        m = np.where(fin, mag, 0.0)
+        lo_i = np.clip(np.searchsorted(v, m, side="right") - 1, 0, n)
+        beyond = lo_i == n  # |x| >= table_above: rounds past max in every mode but the ones toward zero
+        hi_i = np.minimum(lo_i + 1, n)
+        lo, hi = v[lo_i], v[hi_i]
+        exact = lo == m
+        with np.errstate(over="ignore", invalid="ignore"):
+            twice, mid = 2.0 * m, lo + hi  # both exact: lo, hi have a few bits, and m < table_above here
+        if mode is Rounding.RNE or mode is Rounding.RNA:
+            tie = twice == mid
+            up = (twice > mid) | (tie & ((codes[hi_i] % 2 == 0) if mode is Rounding.RNE else True))
+        elif mode is Rounding.RTZ:
+            up = np.zeros(m.shape, bool)
+        elif mode is Rounding.RUP:
+            up = ~neg
+        elif mode is Rounding.RDN:
+            up = neg.copy()
+        elif mode is Rounding.RTO:
+            up = codes[lo_i] % 2 == 0
+        else:
+            assert rand_all is not None
+            k = 32 if sr_bits is None else int(sr_bits)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                frac = np.where(hi > lo, (m - lo) / np.where(hi > lo, hi - lo, 1.0), 0.0)
+            up = rand_all[i : i + _CHUNK].astype(np.float64) < np.floor(frac * float(1 << k))
+        up = up & ~exact
+        r_i = np.where(beyond, n, lo_i + up)
+        r = v[r_i]
+        over = fin & ((r_i == n) | (beyond & (mag > v[n - 1])))  # past max with an unbounded grid
+        if overflows is not None:
+            overflows[i : i + _CHUNK] = over
+        if over.any():
+            toward = np.zeros(m.shape, bool)  # modes that stop at max: RTZ, RTO, RDN (x > 0), RUP (x < 0)
+            if mode in (Rounding.RTZ, Rounding.RTO) or overflow is Overflow.SATURATE:
+                toward[:] = True
+            elif mode is Rounding.RDN:
+                toward = ~neg
+            elif mode is Rounding.RUP:
+                toward = neg.copy()
+            big = (math.inf if fmt.has_inf else math.nan if fmt.has_nan else fmt.max)
+            r = np.where(over, np.where(toward, fmt.max, big), r)
+        inf_in = np.isinf(mag)
+        if inf_in.any():
+            r = np.where(inf_in, fmt.max if overflow is Overflow.SATURATE or not fmt.has_inf else math.inf, r)
+            if not fmt.has_inf and overflow is Overflow.IEEE and fmt.has_nan:
+                r = np.where(inf_in, math.nan, r)
+        if not subnormals:
+            r = np.where(r < fmt.min_normal, 0.0, r)  # flushed after rounding, as the bit kernel does
+        r = np.where(neg & (r != 0), -r, r)  # no -0 in a table format: the NEG_ZERO pattern is NaN
+        out[i : i + _CHUNK] = np.where(np.isnan(xs), math.nan, r)
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -677,6 +780,9 @@ def round_rational(q: _exact.RationalLike, fmt: FormatLike, mode: RoundingLike =
     f, m, ov = parse_options(fmt, mode, overflow, subnormals, rng)
     if rng is not None and m is not Rounding.SR:
         raise ValueError(f"rng applies only to rounding='sr', got rounding={m.value!r}")
+    if f.table is not None:  # the table path decides from the neighbours and the side: a float stands for q
+        rep = q if isinstance(q, float) else _table_representative(fractions.Fraction(q), f, m)
+        return float(round(rep, f, m, overflow=ov, subnormals=bool(subnormals), rng=rng))
 
     def fin(v: float) -> float:
         return float(round(v, f, m, overflow=ov, subnormals=bool(subnormals), rng=rng))
@@ -731,6 +837,32 @@ def round_rational(q: _exact.RationalLike, fmt: FormatLike, mode: RoundingLike =
             return fin(sign * math.ldexp(1.0, f.emax + 1))
         return _overflow_result(f, m, ov, neg)
     return fin(sign * math.ldexp(float(mi), s))  # a value of the format, hence a float64: fin applies flush/fnuz
+
+
+def _table_representative(q: fractions.Fraction, f: Format, m: Rounding) -> float:
+    """A float64 that a table format's rounding sends where it sends the exact ``q``: ``q`` itself where it is a
+    value, else the midpoint of its neighbours or a float strictly on ``q``'s side of it (the table path decides
+    by the neighbours and the side alone)."""
+    if m is Rounding.SR:
+        raise ValueError(f"{f.name} (a table format) rounds an exact rational only in a deterministic mode, "
+                         "not 'sr'; pass a float")
+    v, _ = table_grid(f)
+    a = abs(q)
+    sign = -1.0 if q < 0 else 1.0
+    if a >= fractions.Fraction(float(v[-1])):
+        return sign * 2.0 * float(v[-1])  # beyond the grid, as q is
+    i = int(np.searchsorted(v, float(a), side="right")) - 1  # float(a) is a float64 neighbour of a
+    while i > 0 and fractions.Fraction(float(v[i])) > a:
+        i -= 1
+    while fractions.Fraction(float(v[i + 1])) <= a:
+        i += 1
+    lo, hi = float(v[i]), float(v[i + 1])
+    if a == fractions.Fraction(lo):
+        return sign * lo
+    mid = fractions.Fraction(lo) + fractions.Fraction(hi)
+    c = 2 * a - mid
+    rep = (lo + hi) / 2 if c == 0 else ((3 * lo + hi) / 4 if c < 0 else (lo + 3 * hi) / 4)  # exact in float64
+    return sign * rep
 
 
 def _round_exact_scalar(x: object, q: fractions.Fraction | float, f: Format, mode: Rounding, ov: Overflow,
@@ -1019,6 +1151,17 @@ def _overflows(blk: np.ndarray, sel: np.ndarray, f: Format, mode: Rounding, subn
     """Which of ``blk[sel]`` overflow (IEEE 754 7.4): rounded as if the exponent range were unbounded,
     the result exceeds ``max``. The kernel's own rounding, with the overflow fix-up moved out to the
     carrier's limit; for SR the block's random words are drawn again from the saved generator state."""
+    if f.table is not None:
+        g = None
+        if mode is Rounding.SR:
+            assert rng is not None
+            g = np.random.Generator(copy.deepcopy(rng.bit_generator))
+            g.bit_generator.state = state
+        over = np.zeros(blk.size, dtype=bool)
+        with np.errstate(invalid="ignore", over="ignore"):
+            _round_table(np.asarray(blk, dtype=np.float64).reshape(-1), f, mode, Overflow.IEEE, subnormals, g,
+                         sr_bits, over)
+        return np.asarray(over.reshape(blk.shape)[sel])
     c = _carrier_for(blk.dtype, f, mode, sr_bits)
     pl = replace(_plan(c, f, mode, Overflow.SATURATE, subnormals, sr_bits),
                  max_bits=c.bits_of(float(np.finfo(c.ftype).max)))

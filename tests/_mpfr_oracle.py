@@ -9,6 +9,7 @@ overflow is decided on the result rounded with an unbounded exponent range.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from fractions import Fraction
 
@@ -80,6 +81,12 @@ def oracle_round(x: float, fmt: fpsim.Format, mode: str, overflow: str = "ieee",
     if math.isnan(x):
         return nan
     neg = math.copysign(1.0, x) < 0
+    if not fmt.signed and fmt.has_zero:
+        # ue5m3: the signed format's non-negative half; a negative nonzero result is out of range (IEEE 754
+        # 5.8's rule for unsigned integers): NaN; -0 is +0.
+        twin = dataclasses.replace(fmt, name=fmt.name + "_signed", signed=True, aliases=())
+        r = oracle_round(x, twin, mode, overflow, subnormals)
+        return nan if (math.isnan(r) or r < 0) else (0.0 if r == 0 else r)
     if not fmt.signed:
         # e8m0: positive values only, no zero; results below the smallest value clamp to it.
         if neg or x == 0:

@@ -37,7 +37,8 @@ def test_known_limits(name: str) -> None:
     assert (f.max, f.min_normal, f.min_subnormal, f.eps) == KNOWN[name]
 
 
-@pytest.mark.parametrize("fmt", [f for f in SMALL if f.name in fpsim.bits._ML_NAMES], ids=ids)
+@pytest.mark.parametrize("fmt", [f for f in SMALL if f.name in fpsim.bits._ML_NAMES
+     and hasattr(ml_dtypes, fpsim.bits._ML_NAMES[f.name])], ids=ids)
 def test_limits_match_ml_dtypes_finfo(fmt: fpsim.Format) -> None:
     fi = ml_dtypes.finfo(fpsim.ml_dtype(fmt))
     assert float(fi.max) == fmt.max
@@ -59,12 +60,17 @@ def test_every_pattern_decodes_and_reencodes(fmt: fpsim.Format) -> None:
     assert np.array_equal(back[~nan], codes[~nan]), "encode(decode(c)) != c"
     if nan.any():
         assert np.all(back[nan] == fmt.nan_code), "NaN patterns re-encode to the canonical NaN"
-    # decoding is monotone in the sign-magnitude order of codes
+    # decoding is monotone in the sign-magnitude order of codes (not in a tapered table format: HiF8's
+    # sign-magnitude exponent puts 2**-1 after 2**1)
     pos = v[(codes < (1 << (fmt.width - 1)) if fmt.signed else codes >= 0) & ~nan]
-    assert np.all(np.diff(pos) > 0)
+    if fmt.table is None:
+        assert np.all(np.diff(pos) > 0)
+    else:
+        assert np.unique(pos).size == pos.size
 
 
-@pytest.mark.parametrize("fmt", [f for f in SMALL if f.name in fpsim.bits._ML_NAMES], ids=ids)
+@pytest.mark.parametrize("fmt", [f for f in SMALL if f.name in fpsim.bits._ML_NAMES
+     and hasattr(ml_dtypes, fpsim.bits._ML_NAMES[f.name])], ids=ids)
 def test_decode_matches_ml_dtypes(fmt: fpsim.Format) -> None:
     """ml_dtypes is an independent decoder for every pattern of every format it has."""
     codes = np.arange(1 << fmt.width, dtype=np.uint32)

@@ -628,6 +628,8 @@ def test_hostile_values() -> None:
     x = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 5e-324, -5e-324, 1.7976931348623157e308,
                   -1.7976931348623157e308])
     for f in fpsim.all_formats():
+        if f.table is not None:
+            continue  # the MPFR oracle knows exponent/mantissa layouts; table formats: test_hif8.py
         for mode in DET_MODES:
             r = np.asarray(fpsim.round(x, f, mode))
             exp = np.array([oracle_round(float(v), f, mode) if f.signed else _unsigned_oracle(float(v), f, mode,

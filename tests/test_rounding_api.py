@@ -14,7 +14,8 @@ import fpsim
 from _mpfr_oracle import oracle_round
 from _versions import ML_DTYPES_E8M0_SUBNORMAL_DEFECT, ML_DTYPES_E8M0_TIES_DEFECT, ML_DTYPES_FLOAT64_DOUBLE_ROUNDS
 
-ML = [f for f in fpsim.all_formats() if f.width <= 16 and f.name in fpsim.bits._ML_NAMES]
+ML = [f for f in fpsim.all_formats() if f.width <= 16 and f.name in fpsim.bits._ML_NAMES
+     and hasattr(ml_dtypes, fpsim.bits._ML_NAMES[f.name])]
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -163,6 +164,10 @@ def test_matches_ml_dtypes_on_float32_inputs(fmt: fpsim.Format) -> None:
     ok = same_bits(got, ref)
     if not fmt.has_nan:
         ok |= np.isnan(x)  # ml_dtypes maps NaN to -0 in NaN-less formats; fpsim keeps NaN (see docs)
+    if not fmt.signed and fmt.has_zero:
+        # ue5m3: ml_dtypes (0.7.0) makes every negative nonzero input NaN; fpsim rounds first (IEEE 754 5.8), so
+        # a negative input that rounds to zero is 0 (MPFR-checked in test_ue5m3.py). Only those may differ.
+        ok |= (x < 0) & (got == 0) & np.isnan(ref)
     assert ok.all(), (x[~ok][:5], got[~ok][:5], ref[~ok][:5])
 
 

@@ -307,6 +307,8 @@ def test_assert_rounded_every_format_random_inputs(fpsim_format: fpsim.Format, f
                                                    fpsim_mpfr: object) -> None:
     """For every registered format: MPFR's results pass, and results of the wrong mode are caught."""
     f = fpsim_format
+    if f.table is not None:
+        pytest.skip("a table format (HiF8): the MPFR oracle's IEEE grid does not describe it; see test_hif8.py")
     x = np.ldexp(fpsim_rng.uniform(1, 2, 300), fpsim_rng.integers(f.emin - f.mbits - 2, f.emax + 2, 300))
     x = np.concatenate([x, -x[:100]]) if f.signed else x
     want = np.array([oracle_round(float(v), f, "rne") for v in x])
