@@ -12,6 +12,10 @@ decimal and hex, the expected and actual values with their bit fields and codes,
 the format, and a hint when the mismatch matches a known defect (double rounding through float32, ties
 away instead of to even, flush-to-zero, saturation instead of overflow, truncation, ...).
 
+:func:`identify_accumulator` goes the other way: from rows measured on some matrix unit (random data will do)
+to the block-FMA models (:class:`fpsim.mma.MMAModel`) that reproduce every one of them, and the first row
+that rules out each other hypothesis.
+
 This module never imports hypothesis; the strategies live in :mod:`fpsim.testing.strategies`.
 
 >>> import numpy as np, fpsim.testing as ft
@@ -35,13 +39,18 @@ from ..formats import Format, FormatLike, as_format, bf16, fp16, fp32
 from ..rounding import Overflow, Rounding, RoundingLike, as_overflow, as_rounding
 from ..rounding import round as _round
 from ._convert import to_float64
+from ._identify import Identification, Rejection, candidate_space, identify_accumulator
 from .reveal import reveal_dot_order, reveal_order
 
 __all__ = [
+    "Identification",
+    "Rejection",
     "assert_matmul_matches",
     "assert_rounded",
     "assert_same_bits",
     "assert_ulp_close",
+    "candidate_space",
+    "identify_accumulator",
     "reveal_dot_order",
     "reveal_order",
     "ulp_distance",
