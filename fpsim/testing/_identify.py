@@ -68,8 +68,8 @@ def _values(x: Any, fmt: Format, name: str, *, exact: bool) -> np.ndarray:
             r = np.asarray(_round(v, fmt, "rne"), dtype=np.float64)
         bad = ~((r == v) | np.isnan(v))
         if bad.any():
-            i = np.unravel_index(int(np.flatnonzero(bad.ravel())[0]), v.shape)
-            raise ValueError(f"{name}{list(i)} = {v[i]!r} is not a value of {fmt.name} ({int(bad.sum())} such "
+            i = tuple(int(j) for j in np.unravel_index(int(np.flatnonzero(bad.ravel())[0]), v.shape))
+            raise ValueError(f"{name}{list(i)} = {float(v[i])!r} is not a value of {fmt.name} ({int(bad.sum())} such "
                              f"entries); pass values exact in the stated format, or its integer codes")
     return v
 
@@ -424,8 +424,12 @@ def _first_bad(ok: np.ndarray) -> np.ndarray:
     return np.where(any_bad, np.argmax(bad, axis=1), -1)
 
 
-def _sensitive_rows(a: np.ndarray, b: np.ndarray, fin: Format, k: int, grouping: str, mel: int) -> np.ndarray:
-    """Rows where some block's largest product exponent lies below `mel` (only there can the floor matter)."""
+def _lowest_block(a: np.ndarray, b: np.ndarray, fin: Format, k: int, grouping: str) -> np.ndarray:
+    """Per row, the smallest over blocks of the block's largest product exponent.
+
+    An exponent floor ``mel`` can change a row's D only where this lies below ``mel`` (elsewhere every block
+    has ``E_max >= mel`` already), so each floor is evaluated on those rows alone.
+    """
     ki = 2 * k if grouping == "mod4" else k
     r, kk = a.shape
     kp = -(-kk // ki) * ki
@@ -437,7 +441,50 @@ def _sensitive_rows(a: np.ndarray, b: np.ndarray, fin: Format, k: int, grouping:
         bm = np.concatenate([g[:, :, g0].max(axis=2), g[:, :, ~g0].max(axis=2)], axis=1)
     else:
         bm = e.reshape(r, kp // k, k).max(axis=2)
-    return np.flatnonzero((bm < mel).any(axis=1))
+    res: np.ndarray = bm.min(axis=1)
+    return res
+
+
+def _search(a: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray, fin: Format, fout: Format,
+            base: Sequence[Mapping[str, Any]], key: tuple[int, str, str], mels: Sequence[int | None],
+            low: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """First wrong row (-1: none) and the prediction there, for every (candidate, mel): two (n, n_mel) arrays.
+
+    Rows are visited in two chunks, the first :data:`_FIRST` and the rest; a hypothesis that failed in the
+    first chunk is not evaluated on the second. Each mel is evaluated only on its rows (see _lowest_block);
+    elsewhere it takes the no-floor prediction.
+    """
+    R = len(d)
+    n, nm = len(base), len(mels)
+    row = np.full((n, nm), -1, dtype=np.int64)
+    exp_ = np.zeros((n, nm))
+    for lo, hi in ((0, min(_FIRST, R)), (min(_FIRST, R), R)):
+        if hi <= lo:
+            continue
+        alive_any = np.flatnonzero((row < 0).any(axis=1))
+        if not alive_any.size:
+            break
+        rs = slice(lo, hi)
+        sel = [{**base[i], "mel": None} for i in alive_any]
+        pred0 = _predict_many(a[rs], b[rs], c[rs], fin, fout, sel, range(len(sel)), key)
+        for j, mel in enumerate(mels):
+            alive = np.flatnonzero(row[alive_any, j] < 0)
+            if not alive.size:
+                continue
+            pred = pred0[alive]
+            if mel is not None:
+                srows = np.flatnonzero(low[rs] < mel)
+                if srows.size:
+                    pred = pred.copy()
+                    selm = [{**base[alive_any[i]], "mel": mel} for i in alive]
+                    pred[:, srows] = _predict_many(a[rs][srows], b[rs][srows], c[rs][srows], fin, fout, selm,
+                                                   range(len(selm)), key)
+            fb = _first_bad(_agree(pred, d[None, rs]))
+            hit = fb >= 0
+            who = alive_any[alive[hit]]
+            row[who, j] = fb[hit] + lo
+            exp_[who, j] = pred[hit, fb[hit]]
+    return row, exp_
 
 
 @ieee_mode
@@ -492,77 +539,24 @@ def identify_accumulator(A: Any, B: Any, C: Any, D: Any, *, input: FormatLike, o
         if missing:
             raise ValueError(f"candidate {dict(cd)} lacks {', '.join(missing)}; a candidate needs {', '.join(PARAMS[:6])}")
     mels = mel_options(fout)
-    n = len(cands)
-    first = min(_FIRST, R)
-    # Stage 1: every candidate (mel None) on the first rows; stage 2: survivors on the rest.
-    row0 = np.full(n, -1, dtype=np.int64)
-    exp0 = np.zeros(n)
     groups = _groups(cands)
-    for key, idx in groups.items():
-        ia = np.asarray(idx)
-        nomel = [{**cands[i], "mel": None} for i in idx]
-        pred = _predict_many(a[:first], b[:first], c[:first], fin, fout, nomel, range(len(idx)), key)
-        fb = _first_bad(_agree(pred, d[None, :first]))
-        row0[ia] = fb
-        exp0[ia[fb >= 0]] = pred[fb >= 0, fb[fb >= 0]]
-        alive = np.flatnonzero(fb < 0)
-        if alive.size and R > first:
-            pred = _predict_many(a[first:], b[first:], c[first:], fin, fout, nomel, alive.tolist(), key)
-            fb2 = _first_bad(_agree(pred, d[None, first:]))
-            hit = fb2 >= 0
-            row0[ia[alive[hit]]] = fb2[hit] + first
-            exp0[ia[alive[hit]]] = pred[hit, fb2[hit]]
-    # Each exponent floor: it can change D only on the rows where a block's largest product exponent is below it.
     cols: dict[str, list[Any]] = {f: [] for f in ("k", "neab", "rz", "mb", "c_entry", "grouping", "mel", "row",
                                                   "expected")}
-    full_cache: dict[int, np.ndarray] = {}
-
-    def full_ok(i: int, key: tuple[int, str, str]) -> tuple[np.ndarray, np.ndarray]:
-        if i not in full_cache:
-            full_cache[i] = _predict_many(a, b, c, fin, fout, [{**cands[i], "mel": None}], [0], key)[0]
-        return full_cache[i], _agree(full_cache[i], d)
-
+    lows: dict[tuple[int, str, str], np.ndarray] = {}
     for key, idx in groups.items():
-        ia = np.asarray(idx)
-        for mel in mels:
-            rowm = row0[ia].copy()
-            expm = exp0[ia].copy()
-            if mel is not None:
-                S = _sensitive_rows(a, b, fin, key[0], key[2], mel)
-                if S.size:
-                    lim = np.where(rowm < 0, R, rowm)
-                    need = np.flatnonzero(S[0] <= lim)
-                    if need.size:
-                        sel = [{**cands[ia[j]], "mel": mel} for j in need]
-                        pred = _predict_many(a[S], b[S], c[S], fin, fout, sel, range(len(sel)), key)
-                        fbS = _first_bad(_agree(pred, d[None, S]))
-                        Sset = set(S.tolist())
-                        for jj, j in enumerate(need):
-                            r0 = int(row0[ia[j]])
-                            rS = int(S[fbS[jj]]) if fbS[jj] >= 0 else -1
-                            eS = float(pred[jj, fbS[jj]]) if fbS[jj] >= 0 else 0.0
-                            if r0 >= 0 and r0 in Sset:
-                                # The mel-None failure lies on a sensitive row: find its first failure elsewhere.
-                                pv, okv = full_ok(int(ia[j]), key)
-                                okv = okv.copy()
-                                okv[S] = True
-                                bad = np.flatnonzero(~okv)
-                                r0, e0 = (int(bad[0]), float(pv[bad[0]])) if bad.size else (-1, 0.0)
-                            else:
-                                e0 = float(exp0[ia[j]])
-                            if rS >= 0 and (r0 < 0 or rS < r0):
-                                rowm[j], expm[j] = rS, eS
-                            else:
-                                rowm[j], expm[j] = r0, e0
-            for f in ("neab", "mb"):
-                cols[f].append(np.array([cands[i][f] for i in idx], dtype=np.int32))
-            cols["k"].append(np.full(len(idx), key[0], dtype=np.int32))
-            cols["rz"].append(np.array([cands[i]["rounding"] == "rz" for i in idx]))
-            cols["c_entry"].append(np.full(len(idx), key[1]))
-            cols["grouping"].append(np.full(len(idx), key[2]))
-            cols["mel"].append(np.full(len(idx), _NO_MEL if mel is None else mel, dtype=np.int32))
-            cols["row"].append(rowm)
-            cols["expected"].append(expm)
+        low = lows[key] = _lowest_block(a, b, fin, key[0], key[2])
+        row, exp_ = _search(a, b, c, d, fin, fout, [cands[i] for i in idx], key, mels, low)
+        nm = len(mels)
+        for f in ("neab", "mb"):
+            cols[f].append(np.tile(np.array([cands[i][f] for i in idx], dtype=np.int32), nm))
+        cols["k"].append(np.full(len(idx) * nm, key[0], dtype=np.int32))
+        cols["rz"].append(np.tile(np.array([cands[i]["rounding"] == "rz" for i in idx]), nm))
+        cols["c_entry"].append(np.full(len(idx) * nm, key[1]))
+        cols["grouping"].append(np.full(len(idx) * nm, key[2]))
+        cols["mel"].append(np.repeat(np.array([_NO_MEL if m is None else m for m in mels], dtype=np.int32),
+                                     len(idx)))
+        cols["row"].append(row.T.reshape(-1))
+        cols["expected"].append(exp_.T.reshape(-1))
     table = {f: np.concatenate(v) for f, v in cols.items()}
     fit = np.flatnonzero(table["row"] < 0)
     models = []
@@ -584,12 +578,20 @@ def identify_accumulator(A: Any, B: Any, C: Any, D: Any, *, input: FormatLike, o
             presets.append(dev)
     unexplained: tuple[int, ...] = ()
     if not models:
-        explained = np.zeros(R, dtype=bool)
+        # Rows no hypothesis reproduces: each group only looks at the rows still unexplained.
+        left = np.arange(R)
         for key, idx in groups.items():
             for mel in mels:
+                if not left.size:
+                    break
+                rows_m = left if mel is None else left[lows[key][left] < mel]
+                if not rows_m.size:
+                    continue
                 sel = [{**cands[i], "mel": mel} for i in idx]
-                explained |= _agree(_predict_many(a, b, c, fin, fout, sel, range(len(sel)), key), d[None, :]).any(0)
-        unexplained = tuple(int(i) for i in np.flatnonzero(~explained))
+                pred = _predict_many(a[rows_m], b[rows_m], c[rows_m], fin, fout, sel, range(len(sel)), key)
+                hit = _agree(pred, d[None, rows_m]).any(0)
+                left = np.setdiff1d(left, rows_m[hit])
+        unexplained = tuple(int(i) for i in left)
     return Identification(input=fin.name, output=fout.name, rows=R, K=K, candidates=int(table["row"].size),
                           models=tuple(models), presets=tuple(presets), unexplained=unexplained,
                           seconds=time.perf_counter() - t0, _table=table, _observed=d)
