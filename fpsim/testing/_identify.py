@@ -224,6 +224,7 @@ def _kcap(K: int) -> int:
     return 1 << max(0, (K - 1).bit_length())
 
 
+@ieee_mode
 def candidate_space(input: FormatLike, output: FormatLike, K: int) -> list[dict[str, Any]]:
     """The block-FMA hypotheses for rows of K terms (without ``mel``), as parameter dicts.
 
@@ -327,6 +328,7 @@ def mismatch_counts(a: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray, 
 # Identification
 # ---------------------------------------------------------------------------------------------------------
 
+@ieee_mode
 @dataclass(frozen=True)
 class Rejection:
     """Why one hypothesis was rejected: the first row it gets wrong, what it predicts there and what was seen."""
@@ -343,6 +345,7 @@ class Rejection:
                 f"{self.expected!r}, observed {self.observed!r}")
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class Identification:
     """:func:`identify_accumulator`'s answer.
