@@ -468,7 +468,7 @@ def _search(a: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray, fin: For
         if not alive_any.size:
             break
         rs = slice(lo, hi)
-        sel = [{**base[i], "mel": None} for i in alive_any]
+        sel = [{**base[i], "mel": None} for i in alive_any.tolist()]
         pred0 = _predict_many(a[rs], b[rs], c[rs], fin, fout, sel, range(len(sel)), key)
         for j, mel in enumerate(mels):
             alive = np.flatnonzero(row[alive_any, j] < 0)
@@ -479,7 +479,7 @@ def _search(a: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray, fin: For
                 srows = np.flatnonzero(low[rs] < mel)
                 if srows.size:
                     pred = pred.copy()
-                    selm = [{**base[alive_any[i]], "mel": mel} for i in alive]
+                    selm = [{**base[int(alive_any[i])], "mel": mel} for i in alive]
                     pred[:, srows] = _predict_many(a[rs][srows], b[rs][srows], c[rs][srows], fin, fout, selm,
                                                    range(len(selm)), key)
             fb = _first_bad(_agree(pred, d[None, rs]))
@@ -564,10 +564,10 @@ def identify_accumulator(A: Any, B: Any, C: Any, D: Any, *, input: FormatLike, o
     fit = np.flatnonzero(table["row"] < 0)
     models = []
     for i in fit:
-        mel = int(table["mel"][i])
+        mv = int(table["mel"][i])
         models.append(MMAModel(
             name=f"identified {fin.name}->{fout.name}", kind="bfma", input=fin, output=fout, k=int(table["k"][i]),
-            neab=int(table["neab"][i]), mel=None if mel == _NO_MEL else mel,
+            neab=int(table["neab"][i]), mel=None if mv == _NO_MEL else mv,
             rounding="rz" if table["rz"][i] else "rne", mb=int(table["mb"][i]), c_entry=str(table["c_entry"][i]),
             grouping=str(table["grouping"][i]), source="fpsim.testing.identify_accumulator",
             confidence=f"reproduces all {R} given rows"))
