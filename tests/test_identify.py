@@ -213,3 +213,15 @@ def test_errors_name_the_bad_value() -> None:
     with pytest.raises(ValueError, match="outside the searched space"):
         found.why_not({"k": 4, "neab": 40, "rounding": "rz", "mb": 23, "c_entry": "inside", "grouping": "none",
                        "mel": None})
+
+
+def test_docs_page_examples_run() -> None:
+    """Every Python block of docs/test-suite.md runs (in order, one namespace)."""
+    import re
+
+    text = (ROOT / "docs" / "test-suite.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
+    assert len(blocks) == 2
+    ns: dict[str, object] = {}
+    for block in blocks:
+        exec(compile(block, "docs/test-suite.md", "exec"), ns)  # noqa: S102  # our own docs
