@@ -47,6 +47,7 @@ __all__ = [
 PARAMS: tuple[str, ...] = ("k", "neab", "rounding", "mb", "c_entry", "grouping", "mel")
 _NO_MEL = -(1 << 20)  # "no exponent floor" as an integer that never wins E_max
 _FIRST = 64  # rows every candidate sees before the survivors see the rest
+_TERMS = 1 << 22  # float64 terms evaluated at once (memory bound of the batched evaluator)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -295,9 +296,15 @@ def _groups(cands: Sequence[Mapping[str, Any]]) -> dict[tuple[int, str, str], li
 def _predict_many(a: np.ndarray, b: np.ndarray, c: np.ndarray, fin: Format, fout: Format,
                   cands: Sequence[Mapping[str, Any]], idx: Sequence[int], key: tuple[int, str, str]) -> np.ndarray:
     sel = [cands[i] for i in idx]
-    return predict(a, b, c, fin, fout, k=key[0], c_entry=key[1], grouping=key[2],
-                   neab=[s["neab"] for s in sel], mb=[s["mb"] for s in sel],
-                   rounding=[s["rounding"] for s in sel], mel=[s.get("mel") for s in sel])
+    params = {"neab": [s["neab"] for s in sel], "mb": [s["mb"] for s in sel],
+              "rounding": [s["rounding"] for s in sel], "mel": [s.get("mel") for s in sel]}
+    R = a.shape[0]
+    # Rows are independent: a chunk of them at a time keeps the (candidates, k, rows) term array near 32 MB.
+    step = max(1, _TERMS // max(1, len(sel) * 2 * key[0]))
+    if R <= step:
+        return predict(a, b, c, fin, fout, k=key[0], c_entry=key[1], grouping=key[2], **params)
+    return np.concatenate([predict(a[i:i + step], b[i:i + step], c[i:i + step], fin, fout, k=key[0],
+                                   c_entry=key[1], grouping=key[2], **params) for i in range(0, R, step)], axis=1)
 
 
 @ieee_mode
@@ -583,6 +590,15 @@ def identify_accumulator(A: Any, B: Any, C: Any, D: Any, *, input: FormatLike, o
     if not models:
         # Rows no hypothesis reproduces: each group only looks at the rows still unexplained.
         left = np.arange(R)
+        # The hypotheses that got furthest explain most rows: they go first, so the full sweep sees few rows.
+        for i in np.argsort(-table["row"], kind="stable")[:8]:
+            mv = int(table["mel"][i])
+            gk = (int(table["k"][i]), str(table["c_entry"][i]), str(table["grouping"][i]))
+            one = [{"k": gk[0], "neab": int(table["neab"][i]), "mb": int(table["mb"][i]),
+                    "rounding": "rz" if table["rz"][i] else "rne", "c_entry": gk[1], "grouping": gk[2],
+                    "mel": None if mv == _NO_MEL else mv}]
+            pred = _predict_many(a[left], b[left], c[left], fin, fout, one, [0], gk)
+            left = left[~_agree(pred[0], d[left])]
         for key, idx in groups.items():
             for mel in mels:
                 if not left.size:
