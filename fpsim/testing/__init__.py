@@ -28,7 +28,7 @@ This module never imports hypothesis; the strategies live in :mod:`fpsim.testing
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,8 +39,13 @@ from ..formats import Format, FormatLike, as_format, bf16, fp16, fp32
 from ..rounding import Overflow, Rounding, RoundingLike, as_overflow, as_rounding
 from ..rounding import round as _round
 from ._convert import to_float64
-from ._identify import Identification, Rejection, candidate_space, identify_accumulator
 from .reveal import reveal_dot_order, reveal_order
+
+if TYPE_CHECKING:
+    from ._identify import Identification, Rejection, candidate_space, identify_accumulator
+
+# identify_accumulator needs the matrix units (fpsim.mma): loaded on first use, so the assertions stay light.
+_IDENTIFY = frozenset({"Identification", "Rejection", "candidate_space", "identify_accumulator"})
 
 __all__ = [
     "Identification",
@@ -581,9 +586,14 @@ def assert_matmul_matches(
 
 
 def __getattr__(name: str) -> Any:
-    """``fpsim.testing.strategies`` is reachable as an attribute, imported (with hypothesis) on first use."""
+    """``fpsim.testing.strategies`` (with hypothesis) and the accumulator identification (with fpsim.mma) are
+    imported on first use."""
     if name == "strategies":
         import importlib
 
         return importlib.import_module(f"{__name__}.strategies")
+    if name in _IDENTIFY:
+        from . import _identify
+
+        return getattr(_identify, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
