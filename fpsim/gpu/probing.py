@@ -11,17 +11,17 @@ function, tested on recorded and model-made outputs) and returns the block-FMA p
 every output, with the fpsim presets that match and human-readable detector readings. :func:`probe` runs the
 suite on the present GPU and fits every path it supports.
 
-The fit enumerates candidate models (block size k dividing the instruction's K, extra alignment bits neab in
-[-12, 4], RZ/RNE block rounding, kept fraction bits mb, C inside or added late, mod-4 grouping) on every probe
-but the exponent-floor ones, keeps those that reproduce the most outputs, and then fits the exponent floor mel
-on all probes. Rounding toward +-infinity or ties
-away cannot be expressed by :class:`fpsim.mma.MMAModel`; the detectors report them anyway.
+The fitting machinery lives in :mod:`fpsim.testing` (``fpsim.testing._identify``): the probes are rows like any
+others there, and :func:`fpsim.testing.identify_accumulator` takes any measured rows. The fit enumerates
+candidate models (block size k dividing the instruction's K, extra alignment bits neab in [-12, 4], RZ/RNE block
+rounding, kept fraction bits mb, C inside or added late, mod-4 grouping) on every probe but the exponent-floor
+ones, keeps those that reproduce the most outputs, and then fits the exponent floor mel on all probes. Rounding
+toward +-infinity or ties away cannot be expressed by :class:`fpsim.mma.MMAModel`; the detectors report them anyway.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +30,9 @@ import numpy as np
 from .._fpenv import ieee_mode
 from ..bits import from_bits, to_bits
 from ..formats import Format, as_format, fp32
-from ..mma import DEVICES, MMAModel, dot, get_model
+from ..mma import MMAModel, dot
+from ..rounding import round as fpround
+from ..testing._identify import best_fit, fit_candidates
 from ._probes import Probe, p, probe_suite
 from .fragments import PATHS, MMAInstruction, decode_d, instruction_for
 from .mma_check import gpu_runner, probe_tiles, run_tiles
@@ -184,55 +186,6 @@ class FittedModel:
                 "detectors": dict(self.detectors), "device": self.device}
 
 
-def _candidates(fout: Format, K: int) -> Iterable[dict[str, Any]]:
-    ks = [k for k in (1, 2, 4, 8, 16, 32) if k <= K and K % k == 0]
-    for k, neab, rnd in itertools.product(ks, range(-12, 5), ("rz", "rne")):
-        if fout == fp32:
-            mbs = (23,) if neab >= 0 else (23 + neab, 23)
-        else:
-            mbs = (fout.mbits,)
-        for mb in mbs:
-            for c_entry, grouping in (("inside", "none"), ("late", "none"), ("late", "mod4")):
-                if grouping == "mod4" and (K % (2 * k) or k % 2):
-                    continue
-                yield {"k": k, "neab": neab, "rounding": rnd, "mb": mb, "c_entry": c_entry, "grouping": grouping}
-
-
-def _codes(vals: np.ndarray, fmt: Format) -> np.ndarray:
-    if fmt == fp32:
-        with np.errstate(over="ignore"):
-            return np.asarray(vals, dtype=np.float32).view(np.uint32).astype(np.int64)
-    return np.asarray(to_bits(np.asarray(vals, dtype=np.float64), fmt)).astype(np.int64)
-
-
-def _count_bad(pred: np.ndarray, obs: np.ndarray, fmt: Format) -> int:
-    with np.errstate(invalid="ignore"):
-        both_nan = np.isnan(pred) & np.isnan(obs)
-        both_zero = (pred == 0) & (obs == 0)  # signed zero is not modelled
-    return int(((_codes(pred, fmt) != _codes(obs, fmt)) & ~both_nan & ~both_zero).sum())
-
-
-def _preset_models(fin: Format, fout: Format) -> dict[str, MMAModel]:
-    out: dict[str, MMAModel] = {}
-    for dev in DEVICES:
-        try:
-            out[dev] = get_model(dev, fin, fout)
-        except ValueError:
-            continue
-    if "b200" in DEVICES:
-        try:
-            out["b200 (tcgen05)"] = get_model("b200", fin, fout, path="tcgen05")
-        except ValueError:
-            pass
-    return out
-
-
-def _key(m: MMAModel | Mapping[str, Any]) -> tuple[Any, ...]:
-    if isinstance(m, MMAModel):
-        return tuple(getattr(m, f) for f in _PARAMS)
-    return tuple(m[f] for f in _PARAMS)
-
-
 def _detectors(obs: Mapping[str, float], fout: Format, K: int, mb: int) -> dict[str, str]:
     """Direct readings of the probe families (independent of the enumeration)."""
     det: dict[str, str] = {}
@@ -334,56 +287,43 @@ def fit_parameters(probe_outputs: ProbeOutputs | Mapping[str, Any], *, max_alter
     if not po.values:
         raise ValueError("probe_outputs holds no values")
     ids = sorted(po.values)
-    probes = [suite[i] for i in ids]
+    # The designed probes are rows like any others (fpsim.testing's fitting machinery does the rest); the
+    # exponent-floor probes (ML*) only take part in fitting mel.
+    a, b, c = _probe_rows([suite[i] for i in ids], fin, fout, K)
     obs = np.array([po.values[i] for i in ids], dtype=np.float64)
-    # Stage 1 fits everything but mel on the probes mel does not affect; stage 2 fits mel on all of them.
-    main = np.array([not i.startswith("ML") for i in ids])
-    probes1 = [q for q, keep in zip(probes, main) if keep]
-    obs1 = obs[main]
-    presets = _preset_models(fin, fout)
-    preset_keys = {_key(m) for m in presets.values()}
-
-    def score(params: Mapping[str, Any], mel: int | None = None, *, stage1: bool = False) -> int:
-        m = MMAModel(name="candidate", kind="bfma", input=fin, output=fout, mel=mel, **params)
-        if stage1:
-            return _count_bad(evaluate_probes(probes1, m, K), obs1, fout) if probes1 else 0
-        return _count_bad(evaluate_probes(probes, m, K), obs, fout)
-
-    scored: list[tuple[int, dict[str, Any]]] = []
-    for cand in _candidates(fout, K):
-        scored.append((score(cand, stage1=True), cand))
-    best1 = min(s for s, _ in scored)
-    tied = [c for s, c in scored if s == best1]
-
-    def pref(c: Mapping[str, Any]) -> tuple[int, int, int, int]:
-        return (0 if _key(c) in preset_keys else 1, 0 if (c["c_entry"], c["grouping"]) == ("inside", "none") else 1,
-                abs(c["neab"]), -c["k"])
-
-    tied.sort(key=pref)
-    chosen = tied[0]
-    # Exponent floor: which mel values fit best on all probes (None = no floor).
-    preset_mels = [m.mel for m in presets.values() if _key(m) == _key(chosen)]
-    mel_opts: list[int | None] = [None] + sorted({fout.emin - d for d in range(13)}
-                                                 | {m for m in preset_mels if m is not None})
-    mel_scores = [(score(chosen, m), m) for m in mel_opts]
-    best = min(sc for sc, _ in mel_scores)
-    mel_ok = tuple(m for sc, m in mel_scores if sc == best)
-    mel = next((m for m in preset_mels if m in mel_ok), None if None in mel_ok else mel_ok[0])
-    matches = []
-    for dev, m in presets.items():
-        if _count_bad(evaluate_probes(probes, m, K), obs, fout) == 0:
-            matches.append(dev)
+    fit = best_fit(a, b, c, obs, fin, fout, candidates=fit_candidates(fout, K),
+                   floor_rows=np.array([i.startswith("ML") for i in ids]), max_alternatives=max_alternatives)
+    chosen = {f: fit.params[f] for f in _PARAMS}
     det = _detectors(po.values, fout, K, chosen["mb"])
+    mel_ok = fit.mel_candidates
     if len(mel_ok) == 1:
         det["mel"] = f"ML probes: exponent floor mel = {mel_ok[0]}"
-    elif len(mel_ok) < len(mel_opts):
+    elif len(mel_ok) < len(fit.mel_options):
         det["mel"] = f"ML probes: exponent floor one of {', '.join(str(m) for m in mel_ok)}"
     else:
         det["mel"] = "exponent floor not visible to these probes"
-    alts = tuple({**c} for c in tied[1 : 1 + max_alternatives])
-    return FittedModel(input=fin.name, output=fout.name, mel=mel, exact=best == 0, mismatches=best,
-                       n_probes=len(probes), alternatives=alts, mel_candidates=mel_ok, matches=tuple(matches),
-                       detectors=det, device=po.device, **chosen)
+    return FittedModel(input=fin.name, output=fout.name, mel=fit.params["mel"], exact=fit.mismatches == 0,
+                       mismatches=fit.mismatches, n_probes=len(ids), alternatives=fit.alternatives,
+                       mel_candidates=mel_ok, matches=fit.matches, detectors=det, device=po.device, **chosen)
+
+
+def _probe_rows(probes: Sequence[Probe], fin: Format, fout: Format, K: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The probes as rows of K terms (zero-padded), inputs and C converted as fpsim.mma.dot converts them."""
+    n = len(probes)
+    a = np.zeros((n, K))
+    b = np.zeros((n, K))
+    for i, q in enumerate(probes):
+        a[i, : len(q.a)] = q.a
+        b[i, : len(q.b)] = q.b
+    c = np.array([q.c for q in probes], dtype=np.float64)
+    mode = "rtz" if fin.name == "tf32" else "rne"
+    with np.errstate(over="ignore", invalid="ignore"):
+        a = np.asarray(fpround(a, fin, mode), dtype=np.float64)
+        b = np.asarray(fpround(b, fin, mode), dtype=np.float64)
+        c = (c.astype(np.float32).astype(np.float64) if fout == fp32
+             else np.asarray(fpround(c, fout, "rne"), dtype=np.float64))
+    return a, b, c
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -12,6 +12,10 @@ decimal and hex, the expected and actual values with their bit fields and codes,
 the format, and a hint when the mismatch matches a known defect (double rounding through float32, ties
 away instead of to even, flush-to-zero, saturation instead of overflow, truncation, ...).
 
+:func:`identify_accumulator` goes the other way: from rows measured on some matrix unit (random data will do)
+to the block-FMA models (:class:`fpsim.mma.MMAModel`) that reproduce every one of them, and the first row
+that rules out each other hypothesis.
+
 This module never imports hypothesis; the strategies live in :mod:`fpsim.testing.strategies`.
 
 >>> import numpy as np, fpsim.testing as ft
@@ -24,7 +28,7 @@ This module never imports hypothesis; the strategies live in :mod:`fpsim.testing
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,11 +41,21 @@ from ..rounding import round as _round
 from ._convert import to_float64
 from .reveal import reveal_dot_order, reveal_order
 
+if TYPE_CHECKING:
+    from ._identify import Identification, Rejection, candidate_space, identify_accumulator
+
+# identify_accumulator needs the matrix units (fpsim.mma): loaded on first use, so the assertions stay light.
+_IDENTIFY = frozenset({"Identification", "Rejection", "candidate_space", "identify_accumulator"})
+
 __all__ = [
+    "Identification",
+    "Rejection",
     "assert_matmul_matches",
     "assert_rounded",
     "assert_same_bits",
     "assert_ulp_close",
+    "candidate_space",
+    "identify_accumulator",
     "reveal_dot_order",
     "reveal_order",
     "ulp_distance",
@@ -572,9 +586,14 @@ def assert_matmul_matches(
 
 
 def __getattr__(name: str) -> Any:
-    """``fpsim.testing.strategies`` is reachable as an attribute, imported (with hypothesis) on first use."""
+    """``fpsim.testing.strategies`` (with hypothesis) and the accumulator identification (with fpsim.mma) are
+    imported on first use."""
     if name == "strategies":
         import importlib
 
         return importlib.import_module(f"{__name__}.strategies")
+    if name in _IDENTIFY:
+        from . import _identify
+
+        return getattr(_identify, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
