@@ -17,6 +17,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +48,12 @@ def _atomic_write(path: Path, text: str) -> None:
 
 @ieee_mode
 def run_all(device: int = 0, *, as_device: str | None = None, rows: int = 10000, conv_random: int = 1 << 20,
-            seed: int = 0, log: Any = None) -> dict[str, Any]:
-    """Run conversions, MMA cross-checks and the probe on CUDA device `device`; return a JSON-able dict."""
+            seed: int = 0, log: Any = None,
+            progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run conversions, MMA cross-checks and the probe on CUDA device `device`; return a JSON-able dict.
+
+    `progress`, if given, is called with the dict so far after each check (``main`` writes the files then, so
+    that a run stopped by a time limit leaves what it finished)."""
     from ._device import device_info, is_compile_error
     from .convert import CONVERSIONS, crosscheck_round
     from .mma_check import crosscheck_mma
@@ -58,6 +63,8 @@ def run_all(device: int = 0, *, as_device: str | None = None, rows: int = 10000,
     def say(msg: str) -> None:
         if log is not None:
             print(msg, file=log, flush=True)
+        if progress is not None:
+            progress(res)
 
     info = device_info(device)
     name = as_device or info.name
@@ -129,7 +136,8 @@ def render_markdown(res: dict[str, Any]) -> str:
              (f"Compute capability {d['compute_capability']}, CUDA runtime {d['cuda_runtime']}, CuPy {d['cupy']}; "
               f"presets of `{res['preset_device']}`; {res['rows']} random outputs per MMA path; seed {res['seed']}; "
               f"run {res['started']} to {res.get('finished', '?')}."), "",
-             f"**Overall: {'all bit-exact' if res.get('ok') else 'DIFFERENCES FOUND (see below)'}**", "",
+             ("**Partial: the run stopped after the checks below (see log.txt)**" if res.get("partial") else
+              f"**Overall: {'all bit-exact' if res.get('ok') else 'DIFFERENCES FOUND (see below)'}**"), "",
              "## Conversions (CUDA intrinsics vs `fpsim.to_bits`)", "",
              "| format | rounding | SATFINITE | intrinsic | inputs | mismatches |", "|---|---|---|---|---|---|"]
     for c in res["conversions"]:
@@ -185,15 +193,19 @@ def main(argv: list[str] | None = None) -> int:
     from ._device import GPUUnavailable
 
     out = Path(args.out)
+
+    def write(res: dict[str, Any]) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        _atomic_write(out / "results.json", json.dumps(res, indent=1, default=str) + "\n")
+        _atomic_write(out / "results.md", render_markdown(res))
+
     try:
         res = run_all(args.device, as_device=args.as_device, rows=args.rows, conv_random=args.conv_random,
-                      seed=args.seed, log=sys.stderr)
+                      seed=args.seed, log=sys.stderr, progress=lambda r: write({**r, "partial": True}))
     except GPUUnavailable as e:
         print(f"fpsim.gpu.run_all: {e}", file=sys.stderr)
         return 2
-    out.mkdir(parents=True, exist_ok=True)
-    _atomic_write(out / "results.json", json.dumps(res, indent=1, default=str) + "\n")
-    _atomic_write(out / "results.md", render_markdown(res))
+    write(res)
     print(f"wrote {out / 'results.json'} and {out / 'results.md'}", file=sys.stderr)
     return 0 if res["ok"] else 1
 
