@@ -42,9 +42,10 @@ if [ "$quick" = 1 ]; then budget="${FPSIM_BUDGET_S:-110}"; else budget="${FPSIM_
 start=$SECONDS
 status=0
 left() { echo $(( budget - (SECONDS - start) )); }
-# step NAME CAP CMD...: run CMD with a timeout of min(CAP, time left), record its status, never stop the script.
+# step NAME PCT CMD...: run CMD with a timeout of min(PCT% of the budget, time left), record its status, never
+# stop the script.
 step() {
-    local name="$1" cap="$2"; shift 2
+    local name="$1" cap=$(( budget * $2 / 100 )); shift 2
     local t; t=$(left); [ "$cap" -lt "$t" ] && t="$cap"
     if [ "$t" -lt 5 ]; then
         echo "== $name: not run, the time budget is spent"; status=1; return
@@ -91,15 +92,15 @@ EOF
     || { echo "fpsim does not import from $repo: nothing else can run"; exit 1; }
 
 if [ "$quick" = 1 ]; then
-    step run_all 75 "$py" -m fpsim.gpu.run_all --out "$out" ${as[@]+"${as[@]}"} --rows 512 --conv-random 65536
-    step torch_check 25 "$py" -m fpsim.gpu.torch_check --out "$out" ${as[@]+"${as[@]}"} --torch-device "$torch_device" --quick
+    step run_all 68 "$py" -m fpsim.gpu.run_all --out "$out" ${as[@]+"${as[@]}"} --rows 512 --conv-random 65536
+    step torch_check 23 "$py" -m fpsim.gpu.torch_check --out "$out" ${as[@]+"${as[@]}"} --torch-device "$torch_device" --quick
 else
-    step run_all 300 "$py" -m fpsim.gpu.run_all --out "$out" ${as[@]+"${as[@]}"}
-    step torch_check 90 "$py" -m fpsim.gpu.torch_check --out "$out" ${as[@]+"${as[@]}"} --torch-device "$torch_device"
+    step run_all 64 "$py" -m fpsim.gpu.run_all --out "$out" ${as[@]+"${as[@]}"}
+    step torch_check 19 "$py" -m fpsim.gpu.torch_check --out "$out" ${as[@]+"${as[@]}"} --torch-device "$torch_device"
     # The probe as users run it (`fpsim probe`; run_all's probe section is the same call).
-    step "fpsim probe" 40 sh -c '"$0" -m fpsim.cli probe --json > "$1/probe.json"' "$py" "$out"
+    step "fpsim probe" 9 sh -c '"$0" -m fpsim.cli probe --json --random-rows 8 > "$1/probe.json"' "$py" "$out"
     if "$py" -c "import pytest" 2>/dev/null; then
-        step "pytest -m gpu" 60 "$py" -m pytest "$repo"/tests/test_gpu_device.py "$repo"/tests/test_gpu_wgmma.py \
+        step "pytest -m gpu" 13 "$py" -m pytest "$repo"/tests/test_gpu_device.py "$repo"/tests/test_gpu_wgmma.py \
             -q -m gpu -p no:cacheprovider -p no:randomly --junitxml "$out/pytest.xml"
     else
         echo "== pytest -m gpu: not run, pytest is not installed here"
