@@ -25,7 +25,7 @@ import fpsim
 
 def _kernel(src: str, name: str, device: str, launches: list[tuple[str, int, int]]) -> Any:
     from fpsim.gpu.convert import CONVERSIONS
-    from fpsim.gpu.fragments import PATHS, instruction_for
+    from fpsim.gpu.fragments import GENERATION_INSTRUCTIONS, PATHS, instruction_for
     from fpsim.gpu.mma_check import emulate_words
     from fpsim.gpu.wgmma import emulate_wgmma, wgmma_instruction
     from fpsim.mma import get_model
@@ -37,8 +37,9 @@ def _kernel(src: str, name: str, device: str, launches: list[tuple[str, int, int
             a, b, c, d, t = args
             assert isinstance(t, np.int32) and threads >= int(t) * 32
             ptx = re.search(r'asm volatile\("(\S+) ', src).group(1)  # type: ignore[union-attr]
-            path = next(pa for pa in PATHS if instruction_for(*pa).ptx == ptx)
-            d[...] = emulate_words(a, b, c, instruction_for(*path), get_model(device, *path))
+            ins = next(i for i in [instruction_for(*pa) for pa in PATHS] + list(GENERATION_INSTRUCTIONS.values())
+                       if i.ptx == ptx)
+            d[...] = emulate_words(a, b, c, ins, get_model(device, ins.input, ins.output))
             launches.append((ptx, threads, int(t)))
         elif name == "fpsim_wgmma":
             a, b, c, d, t = args

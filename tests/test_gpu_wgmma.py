@@ -206,6 +206,7 @@ def test_run_all_runs_the_wgmma_paths(monkeypatch: pytest.MonkeyPatch,
 
     monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
     monkeypatch.setattr(ra, "PATHS", ())
+    monkeypatch.setattr(ra, "GENERATION_INSTRUCTIONS", {})
     monkeypatch.setattr(prb, "PATHS", ())
     monkeypatch.setattr(conv, "CONVERSIONS", {})
 

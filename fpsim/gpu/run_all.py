@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .._fpenv import ieee_mode
-from .fragments import PATHS, instruction_for
+from .fragments import GENERATION_INSTRUCTIONS, PATHS, instruction_for
 
 __all__ = ["WGMMA_PATHS", "main", "render_markdown", "run_all"]
 
@@ -98,6 +98,24 @@ def run_all(device: int = 0, *, as_device: str | None = None, rows: int = 10000,
                 continue
             res["errors"].append(f"mma {ins.label}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             say(res["errors"][-1])
+    for label, gins in GENERATION_INSTRUCTIONS.items():
+        if not gins.runs_on(info.cc):
+            where = f"compute capability {gins.min_cc}" + (" exactly" if gins.arch_suffix else " or later")
+            res["mma"].append({"path": label, "skipped": f"needs {where} ({gins.arch})"})
+            continue
+        t0 = time.perf_counter()
+        try:
+            gr = crosscheck_mma(name, gins.input, gins.output, rows, device=device, seed=seed, instruction=gins,
+                                probes=gins.input.width >= 8)
+            res["mma"].append({"path": label, **gr.to_dict(), "seconds": round(time.perf_counter() - t0, 2)})
+            say(gr.summary())
+        except Exception as e:  # noqa: BLE001  (as for the shared shapes: recorded, the others still run)
+            why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            if is_compile_error(e):
+                res["mma"].append({"path": label, "skipped": f"the CUDA toolkit cannot build it: {why}"})
+            else:
+                res["errors"].append(f"mma {label}: {type(e).__name__}: {why}")
+            say(f"mma {label}: {why}")
     for inp, out in WGMMA_PATHS:
         label = f"wgmma {inp}->{out}"
         if info.cc != 90:  # wgmma exists on sm_90a only
