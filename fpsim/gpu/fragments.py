@@ -237,7 +237,7 @@ def input_words(x: np.ndarray, fmt: Format) -> np.ndarray:
 
 
 def _operand_words(x: np.ndarray, ins: MMAInstruction) -> np.ndarray:
-    return input_words(x, ins.input) << np.uint32(ins.container_shift)
+    return np.asarray(input_words(x, ins.input) << np.uint32(ins.container_shift), dtype=np.uint32)
 
 
 def _pack(codes: np.ndarray, rows: np.ndarray, cols: np.ndarray, per_reg: int, bits: int) -> np.ndarray:
