@@ -37,6 +37,7 @@ export MPLCONFIGDIR="$out/.cache/mpl" XDG_CACHE_HOME="$out/.cache"
 py="${PYTHON:-python3}"
 torch_device="${FPSIM_TORCH_DEVICE:-cuda:0}"  # "cpu" exercises the torch calls without a GPU (tests)
 exec > >(tee "$out/log.txt") 2>&1
+tee_pid=$!
 
 if [ "$quick" = 1 ]; then budget="${FPSIM_BUDGET_S:-110}"; else budget="${FPSIM_BUDGET_S:-470}"; fi
 start=$SECONDS
@@ -109,4 +110,7 @@ fi
 [ -s "$out/results.json" ] || { echo "no results.json was written"; status=1; }
 echo "fpsim GPU cross-check: finished in $(( SECONDS - start ))s, status $status; files in $out:"
 ls -l "$out"
+# Let tee write the last lines of log.txt before the machine takes OUT back.
+exec >&- 2>&-
+wait "$tee_pid" 2>/dev/null || true
 exit $status
