@@ -213,6 +213,7 @@ def test_run_all_runs_the_wgmma_paths(monkeypatch: pytest.MonkeyPatch,
     assert not hasattr(cp.cuda.compiler, "compile_with_cache")
     monkeypatch.setitem(sys.modules, "cupy", cp)
     monkeypatch.setattr(ra, "PATHS", ())
+    monkeypatch.setattr(ra, "GENERATION_INSTRUCTIONS", {})
     monkeypatch.setattr(prb, "PATHS", ())
     monkeypatch.setattr(conv, "CONVERSIONS", {})
     assert ra.main(["--out", str(tmp_path), "--rows", "512", "--conv-random", "10"]) == 0

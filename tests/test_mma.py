@@ -93,7 +93,7 @@ def test_input_spellings(inp):
 
 
 @pytest.mark.parametrize("dev, inp, out, match", [
-    ("t4", "fp16", "fp32", "undocumented"),
+    ("t4", "tf32", "fp32", "Turing multiplies fp16"),
     ("t4", "bf16", "fp32", "Turing"),
     ("v100", "bf16", "fp32", "Volta multiplies fp16 only"),
     ("v100", "tf32", "fp32", "Volta"),

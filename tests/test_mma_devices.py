@@ -259,7 +259,7 @@ def test_devices_table(capsys: pytest.CaptureFixture[str]) -> None:
     for dev in DEVICES:
         assert re.search(rf"^{dev}\s", text, re.M), dev
     assert re.search(r"^tpu .*fp32 -> fp32 \[bf16_bf16_f32_x3\]\s+from documentation only", text, re.M)
-    assert re.search(r"^t4 .*no model", text, re.M)
+    assert re.search(r"^t4 .*fp16 -> fp32\s+agrees with MMA-Sim", text, re.M)
     assert main(["DEVICES", "--device", "Gaudi2"]) == 0
     assert all(ln.startswith("gaudi2") for ln in capsys.readouterr().out.splitlines()[2:-1])
 

@@ -2,7 +2,7 @@
 
 For every preset MMA-Sim has an instruction for (v100/a100/ada/h100/b200 fp16, bf16, tf32, FP8; the presets
 added from MMA-Sim in fpsim/mma/nvidia_mmasim.py: Hopper wgmma FP8, B200 tcgen05 FP8 -> fp16 and fp6/fp4,
-sm_120 mma.sync), random rows chained along K (several instructions per row) with zeros, subnormals and
+sm_120 mma.sync, Turing m16n8k8), random rows chained along K (several instructions per row) with zeros, subnormals and
 wide exponent ranges, plus rows with inf/NaN, must agree with MMA-Sim's ``dpa`` bit for bit (NaN = NaN).
 Where fpsim's preset models an instruction MMA-Sim does not (variants V1 and V3, ``mma.sync`` FP8 on
 Hopper/B200), the published hardware rows decide, and the difference from MMA-Sim's nearest instruction
@@ -29,7 +29,7 @@ import test_mma_hw as HW  # noqa: E402  (the published rows and their loader)
 PT = {"fp16": "f16", "bf16": "bf16", "tf32": "tf32", "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2",
       "fp6_e2m3": "e2m3", "fp6_e3m2": "e3m2", "fp4_e2m1": "e2m1"}
 ARCH = {"v100": "Volta", "a100": "Ampere", "ada": "Ada Lovelace", "h100": "Hopper", "h200": "Hopper",
-        "b200": "Blackwell", "rtx5090": "RTX Blackwell"}
+        "b200": "Blackwell", "rtx5090": "RTX Blackwell", "t4": "Turing"}
 NARROW = ("fp6_e2m3", "fp6_e3m2", "fp4_e2m1")
 
 
@@ -38,6 +38,8 @@ def mmasim_op(dev: str, inp: str, out: str, path: str | None) -> object:
     d, t, arch = ("f32" if out == "fp32" else "f16"), PT[inp], ARCH[dev]
     if dev == "v100":
         return sim.MMA(arch, f"m8n8k4.{d}.f16.f16.{d}")
+    if dev == "t4":  # Turing's own shape (sm_75)
+        return sim.MMA(arch, f"m16n8k8.{d}.f16.f16.{d}")
     if path == "wgmma" or (dev in ("h100", "h200") and inp.startswith("fp8") and out == "fp32"):
         return sim.WGMMA(arch, f"m64n8k32.{d}.{t}.{t}")
     if path == "tcgen05" or (dev == "b200" and inp in NARROW):
@@ -151,7 +153,8 @@ ADDED = ([(d, f, o, "wgmma") for d in ("h100", "h200") for f in ("fp8_e4m3", "fp
          + [("b200", f, o, p) for f in NARROW for o in ("fp32", "fp16") for p in (None, "tcgen05")]
          + [("rtx5090", i, o, None)
             for i, o in (("fp16", "fp32"), ("fp16", "fp16"), ("bf16", "fp32"), ("tf32", "fp32"))]
-         + [("rtx5090", f, o, None) for f in ("fp8_e4m3", "fp8_e5m2") + NARROW for o in ("fp32", "fp16")])
+         + [("rtx5090", f, o, None) for f in ("fp8_e4m3", "fp8_e5m2") + NARROW for o in ("fp32", "fp16")]
+         + [("t4", "fp16", o, None) for o in ("fp32", "fp16")])
 
 
 # fp6/fp4 rows are slow in MMA-Sim (its uint8 decoding): those cases are marked slow (CI still runs them).
@@ -229,3 +232,58 @@ def test_fp16_output_subnormal_c_known_difference(dev: str) -> None:
     c = np.array([2.0**-14])
     assert float(dot(a, b, c, get_model(dev, "fp16", "fp16"), input_rounding="exact")[0]) == \
         float(mmasim_dpa(dev, "fp16", "fp16", None, a, b, c)[0])
+
+
+def _adversarial_fp16_rows(rng: np.random.Generator, rows: int, k: int, out: str) -> tuple[np.ndarray, np.ndarray,
+                                                                                            np.ndarray]:
+    """fp16 rows aimed at a block FMA's edges: one dominant product and the others 20-30 binades below it (the
+    alignment window's last bits), exact cancellation of the dominant pair, products at fp16's subnormal end,
+    C far above or below the products, and rounding ties of the fp16 output."""
+    a = np.ldexp(rng.integers(1024, 2048, (rows, k)) / 1024.0, rng.integers(-14, 15, (rows, k)))
+    b = np.ldexp(rng.integers(1024, 2048, (rows, k)) / 1024.0, rng.integers(-14, 15, (rows, k)))
+    a *= rng.choice([-1.0, 1.0], (rows, k))
+    kind = np.arange(rows) % 5
+    lead = np.zeros((rows, 1))
+    # 0: products 18-30 binades below the first one (each at the window edge)
+    lead[kind == 0] = 14.0
+    a = np.where((kind == 0)[:, None] & (np.arange(k) > 0),
+                 np.ldexp(np.sign(a) * np.abs(a) / np.exp2(np.floor(np.log2(np.abs(a)))),
+                          rng.integers(-16, -3, (rows, k))), a)
+    a[:, :1] = np.where(kind[:, None] == 0, np.ldexp(a[:, :1] / np.exp2(np.floor(np.log2(np.abs(a[:, :1])))),
+                                                     lead.astype(int)), a[:, :1])
+    # 1: a[1] * b[1] = -a[0] * b[0]: the leading pair cancels exactly
+    one = kind == 1
+    a[one, 1], b[one, 1] = -a[one, 0], b[one, 0]
+    # 2: subnormal fp16 operands (products below 2**-24)
+    two = kind == 2
+    a[two] = np.ldexp(rng.integers(1, 1024, (int(two.sum()), k)), -24) * np.sign(a[two])
+    a = np.asarray(fpsim.round(a, "fp16", "rne", overflow="saturate"), dtype=np.float64)
+    b = np.asarray(fpsim.round(b, "fp16", "rne", overflow="saturate"), dtype=np.float64)
+    c = np.ldexp(rng.standard_normal(rows), rng.integers(-40, 20, rows))
+    c[kind == 3] = np.ldexp(1.0, 15) + 0.5 if out == "fp32" else 2.0 ** 15  # C above every product
+    c[kind == 4] = 0.0
+    dt = np.float32 if out == "fp32" else np.float16
+    with np.errstate(over="ignore"):
+        c = c.astype(dt).astype(np.float64)
+    return a, b, c
+
+
+@pytest.mark.parametrize("out", ["fp32", "fp16"])
+def test_turing_preset_matches_mmasim_on_adversarial_rows(out: str) -> None:
+    """t4 fp16 -> fp32 / fp16 against MMA-Sim's sm_75 m16n8k8, on rows built to sit on a block FMA's edges."""
+    rng = np.random.default_rng([75, out == "fp16"])
+    model = get_model("t4", "fp16", out)
+    for k in (8, 32):  # one instruction, and four chained
+        a, b, c = _adversarial_fp16_rows(rng, 2000, k, out)
+        ours = dot(a, b, c, model, input_rounding="exact")
+        ref = mmasim_dpa("t4", "fp16", out, None, a, b, c)
+        bad = _mismatch(ours, ref, out)
+        _record(f"t4 fp16->{out} adversarial k={k}", bad.size, int(bad.sum()))
+        assert not bad.any(), (f"{int(bad.sum())} of {bad.size} rows differ; first row "
+                               f"{np.flatnonzero(bad)[:1]}")
+        # the rows reach the edges they aim at: some results differ from the exactly rounded sum
+        exact = np.asarray(a * b, dtype=np.float64).sum(axis=1) + c
+        with np.errstate(over="ignore"):
+            rounded = exact.astype(np.float32 if out == "fp32" else np.float16)
+        # (fp16 output: one RNE rounding at the end hides most of the block's truncation, and many rows overflow)
+        assert np.count_nonzero(np.asarray(ours, dtype=np.float64) != rounded) > (20 if out == "fp32" else 0)

@@ -34,6 +34,7 @@ from ..bits import from_bits, to_bits
 from ..formats import Format, FormatLike, as_format, bf16, fp8_e4m3, fp8_e5m2, fp16, fp32, tf32
 
 __all__ = [
+    "GENERATION_INSTRUCTIONS",
     "KERNEL_NAME",
     "PATHS",
     "MMAInstruction",
@@ -51,7 +52,8 @@ __all__ = [
 
 KERNEL_NAME = "fpsim_mma"
 
-_PTX_TYPE = {"fp16": "f16", "bf16": "bf16", "tf32": "tf32", "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2", "fp32": "f32"}
+_PTX_TYPE = {"fp16": "f16", "bf16": "bf16", "tf32": "tf32", "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2", "fp32": "f32",
+             "fp6_e3m2": "e3m2", "fp6_e2m3": "e2m3", "fp4_e2m1": "e2m1"}
 
 
 @ieee_mode
@@ -69,6 +71,13 @@ class MMAInstruction:
         Lowest compute capability (10*major + minor) that has it: 80, or 89 for FP8.
     ptx_isa : str
         Lowest PTX ISA version that has it.
+    kind : str
+        ``"f8f6f4"`` for sm_120a's ``mma.sync ... kind::f8f6f4`` (FP8, fp6 and fp4 in 8-bit containers), else "".
+    arch_suffix : str
+        ``"a"`` where only the architecture-specific target has it (``sm_120a``): then it runs on compute
+        capability `min_cc` exactly, not on later ones.
+    preset : str
+        The fpsim device whose presets this generation's own instruction checks ("" for the shared shapes).
     """
 
     input: Format
@@ -79,11 +88,28 @@ class MMAInstruction:
 
     m: int = 16
     n: int = 8
+    kind: str = ""
+    arch_suffix: str = ""
+    preset: str = ""
+
+    @property
+    def arch(self) -> str:
+        """The lowest compile target, e.g. ``sm_80`` or ``sm_120a``."""
+        return f"sm_{self.min_cc}{self.arch_suffix}"
+
+    def runs_on(self, cc: int) -> bool:
+        """Whether a device of compute capability `cc` (10*major + minor) executes it."""
+        return cc == self.min_cc if self.arch_suffix else cc >= self.min_cc
 
     @property
     def bits(self) -> int:
-        """Bits per A/B element in a register (16, 32 for tf32, or 8)."""
-        return 32 if self.input == tf32 else self.input.width
+        """Bits per A/B element in a register (16, 32 for tf32, or 8: fp6/fp4 sit in 8-bit containers)."""
+        return 32 if self.input == tf32 else max(8, self.input.width)
+
+    @property
+    def container_shift(self) -> int:
+        """Where a code sits in its container: fp4 (e2m1) in bits 5..2 under ``kind::f8f6f4``, else bit 0."""
+        return 2 if self.kind == "f8f6f4" and self.input.width == 4 else 0
 
     @property
     def per_reg(self) -> int:
@@ -111,10 +137,14 @@ class MMAInstruction:
     def ptx(self) -> str:
         """The instruction mnemonic, e.g. ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32``."""
         ti, to = _PTX_TYPE[self.input.name], _PTX_TYPE[self.output.name]
-        return f"mma.sync.aligned.m{self.m}n{self.n}k{self.k}.row.col.{to}.{ti}.{ti}.{to}"
+        kind = f".kind::{self.kind}" if self.kind else ""
+        return f"mma.sync.aligned.m{self.m}n{self.n}k{self.k}.row.col{kind}.{to}.{ti}.{ti}.{to}"
 
     @property
     def label(self) -> str:
+        if self.preset:
+            return f"{self.arch} m{self.m}n{self.n}k{self.k}{' ' + self.kind if self.kind else ''} " \
+                   f"{self.input.name}->{self.output.name}"
         return f"{self.input.name}->{self.output.name}"
 
 
@@ -131,6 +161,17 @@ _INSTRUCTIONS: dict[tuple[str, str], MMAInstruction] = {
 
 #: Every (input, output) path the cross-check and the probe know, in the order they run.
 PATHS: tuple[tuple[str, str], ...] = tuple(_INSTRUCTIONS)
+
+# Each generation's own instructions, beside the shared sm_80 shapes above: Turing's m16n8k8 (sm_75; later GPUs
+# run it too) and sm_120a's kind::f8f6f4 (RTX Blackwell only: the "a" target). Keyed by their label.
+_GENERATION: tuple[MMAInstruction, ...] = (
+    MMAInstruction(fp16, fp32, 8, 75, "6.5", preset="t4"),
+    MMAInstruction(fp16, fp16, 8, 75, "6.5", preset="t4"),
+    *(MMAInstruction(as_format(f), as_format(o), 32, 120, "8.7", kind="f8f6f4", arch_suffix="a", preset="rtx5090")
+      for f in ("fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1") for o in ("fp32", "fp16")),
+)
+#: label -> instruction, e.g. ``"sm_75 m16n8k8 fp16->fp32"``, ``"sm_120a m16n8k32 f8f6f4 fp4_e2m1->fp32"``.
+GENERATION_INSTRUCTIONS: dict[str, MMAInstruction] = {ins.label: ins for ins in _GENERATION}
 
 
 def _name(fmt: FormatLike) -> str:
@@ -195,6 +236,10 @@ def input_words(x: np.ndarray, fmt: Format) -> np.ndarray:
     return np.asarray(to_bits(np.asarray(x, dtype=np.float64), fmt), dtype=np.uint32)
 
 
+def _operand_words(x: np.ndarray, ins: MMAInstruction) -> np.ndarray:
+    return np.asarray(input_words(x, ins.input) << np.uint32(ins.container_shift), dtype=np.uint32)
+
+
 def _pack(codes: np.ndarray, rows: np.ndarray, cols: np.ndarray, per_reg: int, bits: int) -> np.ndarray:
     """Gather (T, R, C) codes into (T, 32, regs) uint32 words, element j of a register at bit j*bits."""
     el = codes[:, rows, cols].astype(np.uint64)  # (T, 32, elements)
@@ -219,7 +264,7 @@ def pack_a(a: np.ndarray, ins: MMAInstruction) -> np.ndarray:
     """A tiles (T, 16, K) of input values -> register words (T, 32, a_regs) uint32."""
     a = _tiles(a, (ins.m, ins.k), "a")
     rows, cols = fragment_coords(ins, "a")
-    return _pack(input_words(a, ins.input), rows, cols, ins.per_reg, ins.bits)
+    return _pack(_operand_words(a, ins), rows, cols, ins.per_reg, ins.bits)
 
 
 @ieee_mode
@@ -227,7 +272,7 @@ def pack_b(b: np.ndarray, ins: MMAInstruction) -> np.ndarray:
     """B tiles (T, K, 8) of input values -> register words (T, 32, b_regs) uint32."""
     b = _tiles(b, (ins.k, ins.n), "b")
     rows, cols = fragment_coords(ins, "b")
-    return _pack(input_words(b, ins.input), rows, cols, ins.per_reg, ins.bits)
+    return _pack(_operand_words(b, ins), rows, cols, ins.per_reg, ins.bits)
 
 
 def _out_codes(x: np.ndarray, out: Format) -> np.ndarray:
@@ -269,7 +314,8 @@ def unpack_d(words: np.ndarray, ins: MMAInstruction) -> np.ndarray:
 def unpack_operand(words: np.ndarray, ins: MMAInstruction, operand: str) -> np.ndarray:
     """Inverse of :func:`pack_a`/:func:`pack_b`/:func:`pack_c`: register words -> codes per tile element.
 
-    Returns (T, 16, K), (T, K, 8) or (T, 16, 8) codes (uint32; fp32 bits for tf32 inputs and fp32 C). Used by
+    Returns (T, 16, K), (T, K, 8) or (T, 16, 8) codes (uint32; fp32 bits for tf32 inputs and fp32 C; the whole
+    8-bit container, code << :attr:`MMAInstruction.container_shift`, for ``kind::f8f6f4`` fp4). Used by
     the CPU emulation of a warp (:func:`fpsim.gpu.mma_check.emulate_words`) and by the layout tests.
     """
     w = np.asarray(words, dtype=np.uint32)

@@ -194,7 +194,7 @@ def _decode_inputs(codes: np.ndarray, ins: MMAInstruction) -> np.ndarray:
 
     if ins.input == tf32:
         return codes.astype(np.uint32).view(np.float32).astype(np.float64)
-    return np.asarray(from_bits(codes, ins.input), dtype=np.float64)
+    return np.asarray(from_bits(codes >> np.uint32(ins.container_shift), ins.input), dtype=np.float64)
 
 
 @ieee_mode
@@ -280,7 +280,8 @@ def _resolve_model(model_or_device: MMAModel | str | None, input: FormatLike, ou
 @ieee_mode
 def crosscheck_mma(model_or_device: MMAModel | str | None = None, input: FormatLike = "fp16",
                    output: FormatLike = "fp32", n: int = 10000, *, device: int = 0, seed: int = 0,
-                   probes: bool = True, runner: Runner | None = None, max_examples: int = 10) -> MMAReport:
+                   probes: bool = True, runner: Runner | None = None, max_examples: int = 10,
+                   instruction: MMAInstruction | None = None) -> MMAReport:
     """Run random tiles and the reference probe vectors through ``mma.sync`` and compare D with fpsim.
 
     Parameters
@@ -298,6 +299,9 @@ def crosscheck_mma(model_or_device: MMAModel | str | None = None, input: FormatL
     runner : callable, optional
         Where to run the tiles: default the GPU (:func:`gpu_runner`); pass
         ``lambda aw, bw, cw, ins: emulate_words(aw, bw, cw, ins, some_model)`` to emulate.
+    instruction : MMAInstruction, optional
+        The instruction to run (one of :data:`fpsim.gpu.fragments.GENERATION_INSTRUCTIONS`, say); default the
+        sm_80 shape of the model's formats. Its formats must be the model's.
 
     Raises
     ------
@@ -312,13 +316,17 @@ def crosscheck_mma(model_or_device: MMAModel | str | None = None, input: FormatL
 
         dev_name = device_info(device).name
     model, _ = _resolve_model(model_or_device, input, output, device)
-    ins = instruction_for(model.input, model.output)
+    ins = instruction if instruction is not None else instruction_for(model.input, model.output)
+    if (ins.input, ins.output) != (model.input, model.output):
+        raise ValueError(f"instruction {ins.ptx} multiplies {ins.input.name}->{ins.output.name}, the model "
+                         f"{model.name} {model.input.name}->{model.output.name}")
     if runner is None:
         runner = gpu_runner(device)
     ids: list[str] = []
     parts = []
     if probes:
-        suite = probe_suite(model.input, model.output)
+        # probes longer than a short instruction's K (Turing's m16n8k8) do not fit one tile: left out
+        suite = tuple(p for p in probe_suite(model.input, model.output) if len(p.a) <= ins.k)
         ids = [p.id for p in suite]
         parts.append(probe_tiles(ins, suite))
     parts.append(random_tiles(ins, -(-n // (ins.m * ins.n)), seed=seed))

@@ -17,11 +17,12 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .._fpenv import ieee_mode
-from .fragments import PATHS, instruction_for
+from .fragments import GENERATION_INSTRUCTIONS, PATHS, instruction_for
 
 __all__ = ["WGMMA_PATHS", "main", "render_markdown", "run_all"]
 
@@ -47,8 +48,12 @@ def _atomic_write(path: Path, text: str) -> None:
 
 @ieee_mode
 def run_all(device: int = 0, *, as_device: str | None = None, rows: int = 10000, conv_random: int = 1 << 20,
-            seed: int = 0, log: Any = None) -> dict[str, Any]:
-    """Run conversions, MMA cross-checks and the probe on CUDA device `device`; return a JSON-able dict."""
+            seed: int = 0, log: Any = None,
+            progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run conversions, MMA cross-checks and the probe on CUDA device `device`; return a JSON-able dict.
+
+    `progress`, if given, is called with the dict so far after each check (``main`` writes the files then, so
+    that a run stopped by a time limit leaves what it finished)."""
     from ._device import device_info, is_compile_error
     from .convert import CONVERSIONS, crosscheck_round
     from .mma_check import crosscheck_mma
@@ -58,6 +63,8 @@ def run_all(device: int = 0, *, as_device: str | None = None, rows: int = 10000,
     def say(msg: str) -> None:
         if log is not None:
             print(msg, file=log, flush=True)
+        if progress is not None:
+            progress(res)
 
     info = device_info(device)
     name = as_device or info.name
@@ -91,6 +98,24 @@ def run_all(device: int = 0, *, as_device: str | None = None, rows: int = 10000,
                 continue
             res["errors"].append(f"mma {ins.label}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             say(res["errors"][-1])
+    for label, gins in GENERATION_INSTRUCTIONS.items():
+        if not gins.runs_on(info.cc):
+            where = f"compute capability {gins.min_cc}" + (" exactly" if gins.arch_suffix else " or later")
+            res["mma"].append({"path": label, "skipped": f"needs {where} ({gins.arch})"})
+            continue
+        t0 = time.perf_counter()
+        try:
+            gr = crosscheck_mma(name, gins.input, gins.output, rows, device=device, seed=seed, instruction=gins,
+                                probes=gins.input.width >= 8)
+            res["mma"].append({"path": label, **gr.to_dict(), "seconds": round(time.perf_counter() - t0, 2)})
+            say(gr.summary())
+        except Exception as e:  # noqa: BLE001  (as for the shared shapes: recorded, the others still run)
+            why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            if is_compile_error(e):
+                res["mma"].append({"path": label, "skipped": f"the CUDA toolkit cannot build it: {why}"})
+            else:
+                res["errors"].append(f"mma {label}: {type(e).__name__}: {why}")
+            say(f"mma {label}: {why}")
     for inp, out in WGMMA_PATHS:
         label = f"wgmma {inp}->{out}"
         if info.cc != 90:  # wgmma exists on sm_90a only
@@ -129,7 +154,8 @@ def render_markdown(res: dict[str, Any]) -> str:
              (f"Compute capability {d['compute_capability']}, CUDA runtime {d['cuda_runtime']}, CuPy {d['cupy']}; "
               f"presets of `{res['preset_device']}`; {res['rows']} random outputs per MMA path; seed {res['seed']}; "
               f"run {res['started']} to {res.get('finished', '?')}."), "",
-             f"**Overall: {'all bit-exact' if res.get('ok') else 'DIFFERENCES FOUND (see below)'}**", "",
+             ("**Partial: the run stopped after the checks below (see log.txt)**" if res.get("partial") else
+              f"**Overall: {'all bit-exact' if res.get('ok') else 'DIFFERENCES FOUND (see below)'}**"), "",
              "## Conversions (CUDA intrinsics vs `fpsim.to_bits`)", "",
              "| format | rounding | SATFINITE | intrinsic | inputs | mismatches |", "|---|---|---|---|---|---|"]
     for c in res["conversions"]:
@@ -185,15 +211,19 @@ def main(argv: list[str] | None = None) -> int:
     from ._device import GPUUnavailable
 
     out = Path(args.out)
+
+    def write(res: dict[str, Any]) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        _atomic_write(out / "results.json", json.dumps(res, indent=1, default=str) + "\n")
+        _atomic_write(out / "results.md", render_markdown(res))
+
     try:
         res = run_all(args.device, as_device=args.as_device, rows=args.rows, conv_random=args.conv_random,
-                      seed=args.seed, log=sys.stderr)
+                      seed=args.seed, log=sys.stderr, progress=lambda r: write({**r, "partial": True}))
     except GPUUnavailable as e:
         print(f"fpsim.gpu.run_all: {e}", file=sys.stderr)
         return 2
-    out.mkdir(parents=True, exist_ok=True)
-    _atomic_write(out / "results.json", json.dumps(res, indent=1, default=str) + "\n")
-    _atomic_write(out / "results.md", render_markdown(res))
+    write(res)
     print(f"wrote {out / 'results.json'} and {out / 'results.md'}", file=sys.stderr)
     return 0 if res["ok"] else 1
 

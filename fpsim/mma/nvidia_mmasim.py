@@ -11,6 +11,7 @@ describes:
 * ``b200`` ``path="tcgen05"`` FP8 -> fp16, and ``kind::f8f6f4`` with fp6/fp4 inputs of one type (A and B of
   different types: :func:`fpsim.mma.block_scaled_model`);
 * ``rtx5090`` (sm_120 ``mma.sync``): fp16/bf16/tf32, FP8 and fp6/fp4 (``kind::f8f6f4``);
+* ``t4`` (Turing, sm_75 ``mma.sync.m16n8k8``): fp16 -> fp32 / fp16, with Ampere's block parameters;
 * the block-scaled kinds (``mxf8f6f4``, ``mxf4``, ``mxf4nvf4``) as table entries whose model is a
   :class:`~fpsim.mma.blockscaled.BlockScaledModel` (``usage`` says how to build it).
 
@@ -69,16 +70,17 @@ def _register() -> None:
         add_provenance(dev, fin, fout, MMA_SIM, source=_SRC.format(op), note=note, path=path,
                        tests=(_T.format("test_presets_agree_with_mmasim"),))
 
-    def mk(name: str, fin: str, fout: str, k: int, neab: int, source: str) -> MMAModel:
+    def mk(name: str, fin: str, fout: str, k: int, neab: int, source: str, mel: int | None = None) -> MMAModel:
         to16 = fout == "fp16"
         m = MMAModel(name=name, kind="bfma", input=as_format(fin), output=as_format(fout), k=k, neab=neab,
-                     mel=-21 if to16 else -133, rounding="rne" if to16 else "rz",
+                     mel=mel if mel is not None else -21 if to16 else -133, rounding="rne" if to16 else "rz",
                      mb=10 if to16 else (13 if neab == -10 else 23), source=source,
                      confidence="agrees with MMA-Sim (tests/test_mma_mmasim_nvidia.py); no hardware rows")
         object.__setattr__(m, "__doc__", m.describe())
         return m
 
-    def reg(dev: str, fin: str, fout: str, path: str | None, k: int, neab: int, op: str, note: str = "") -> None:
+    def reg(dev: str, fin: str, fout: str, path: str | None, k: int, neab: int, op: str, note: str = "",
+            mel: int | None = None) -> None:
         src = _SRC.format(op)
         label = f"{dev} {fin}->{fout}" + ("" if path is None else f" ({path})")
         full = "bit-identical to MMA-Sim on random chained inputs with zeros, subnormals and specials; no hardware rows"
@@ -88,7 +90,8 @@ def _register() -> None:
             full += "; " + note
         register_preset(dev, fin, fout, path=path, provenance=Provenance(MMA_SIM, src, full,
                         (_T.format("test_added_presets_agree_with_mmasim"),)),
-                        build=(lambda a, b, c, d, e, f: lambda: mk(a, b, c, d, e, f))(label, fin, fout, k, neab, src))
+                        build=(lambda a, b, c, d, e, f, g: lambda: mk(a, b, c, d, e, f, g))(label, fin, fout, k, neab,
+                                                                                          src, mel))
 
     # 2. Hopper wgmma FP8 (both outputs) as an explicit path.
     for dev in ("h100", "h200"):
@@ -123,7 +126,14 @@ def _register() -> None:
             d = "f32" if fout == "fp32" else "f16"
             reg("rtx5090", f, fout, None, 32, 2, f"MMA('{arch}', 'm16n8k32.kind::f8f6f4.{d}.{t}.{t}.{d}')",
                 "kind::f8f6f4 (the sm_89-style FP8 shape has the same numerics in MMA-Sim)" if f in _FP8 else "")
-    # 5. Block-scaled kinds: table entries (their model is a BlockScaledModel).
+    # 5. Turing (sm_75) mma.sync.m16n8k8 fp16: MMA-Sim's Turing parameters are Ampere's (F = 24 bits, 8 products
+    # per block, exponent floors -132 / -20); no hardware rows or document state them for Turing.
+    for fout, mel in (("fp32", -132), ("fp16", -20)):
+        d = "f32" if fout == "fp32" else "f16"
+        reg("t4", "fp16", fout, None, 8, 1, f"MMA('Turing', 'm16n8k8.{d}.f16.f16.{d}')",
+            "mma.sync.m16n8k8 (Turing's own shape; MMA-Sim gives Turing's m8n8k4 Volta's parameters, as v100)",
+            mel=mel)
+    # 6. Block-scaled kinds: table entries (their model is a BlockScaledModel).
     for dev, inst in (("b200", "TCGen05MMABlockScale('Blackwell', ...)"),
                       ("rtx5090", "MMABlockScale('RTX Blackwell', ...)")):
         for kind, elems in (("mxf8f6f4", ("fp8_e4m3", "fp8_e5m2") + _NARROW), ("mxf4", ("fp4_e2m1",)),

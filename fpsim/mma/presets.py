@@ -29,7 +29,8 @@ h100/h200  fp16, bf16 -> fp32     16    2      -133   RZ, mb 23    KM-TACO data.
 b200       fp16, bf16 as h100; tf32 as h100 (medium); fp8 -> fp16 V1 (derived)
            fp8 -> fp32 (V3)       32    2      -133   RZ 23, +C RNE  derived fit (mma.sync); path="tcgen05":
                                                                    k 32, neab 2, C inside (low: no data)
-t4         fp16 -> fp32: block size k and mel unknown -> ValueError
+t4         fp16 -> fp32       8     1      -132   RZ, mb 23    MMA-Sim sm_75 model (nvidia_mmasim). medium
+           fp16 -> fp16       8     1      -20    RNE, mb 10   MMA-Sim sm_75 model; no hardware rows
 =========  =====================  ====  =====  =====  ===========  ======================================
 
 FP8 means ``fp8_e4m3`` and ``fp8_e5m2``. bf16, tf32 and fp8 only accumulate to fp32 except FP8 -> fp16 where
@@ -203,7 +204,7 @@ class Preset:
 
 DEVICES: dict[str, DeviceInfo] = {
     "v100": DeviceInfo("v100", "Volta", "volta", "published 5000-row sets reproduced; subset shipped"),
-    "t4": DeviceInfo("t4", "Turing", "turing", "only Fasi et al. suite expectations; k and mel unknown"),
+    "t4": DeviceInfo("t4", "Turing", "turing", "MMA-Sim's sm_75 model only: no published hardware rows"),
     "a100": DeviceInfo("a100", "Ampere", "ampere", "published sets reproduced; subset shipped"),
     "a2": DeviceInfo("a2", "Ampere", "ampere", "published sets reproduced (not shipped here)"),
     "a30": DeviceInfo("a30", "Ampere", "ampere", "HPEC 2025 test output (block size 8, one extra bit)"),
@@ -287,9 +288,9 @@ def _nvidia_model(dev: str, input: FormatLike, output: FormatLike, path: str | N
         if fin != fp16:
             raise ValueError(f"t4 (Turing) has no {fin.name} tensor-core path: Turing multiplies fp16 (and "
                              "integers) only")
-        raise ValueError("t4 (Turing) fp16 tensor-core numerics are undocumented: only the Fasi et al. suite "
-                         "expectations it shares with A100 exist (e.g. P1); the block size k and exponent floor "
-                         "mel are unknown, so no bit-exact model can be given (use 'a100' as a guess at your risk)")
+        # fp16 on Turing comes from MMA-Sim's sm_75 model, registered by fpsim/mma/nvidia_mmasim.py
+        raise ValueError(f"t4 (Turing) has no {fin.name}->{fout.name} preset on path {path!r}; valid: fp16->fp32, "
+                         "fp16->fp16 (mma.sync)")
     if fam == "volta" and fin != fp16:
         raise ValueError(f"v100 (Volta) has no {fin.name} tensor-core path: Volta multiplies fp16 only")
     if fam in ("volta", "ampere") and fin in _FP8:
@@ -542,9 +543,8 @@ def preset_table(device: str | None = None) -> list[dict[str, Any]]:
 
     Examples
     --------
-    >>> rows = preset_table("t4")
-    >>> (rows[0]["device"], rows[0]["input"], rows[0]["provenance"])
-    ('t4', None, 'no model')
+    >>> [(r["device"], r["input"], r["output"], r["provenance"]) for r in preset_table("t4")]
+    [('t4', 'fp16', 'fp32', 'agrees with MMA-Sim'), ('t4', 'fp16', 'fp16', 'agrees with MMA-Sim')]
     """
     devs = list(DEVICES) if device is None else [_norm_device(device)]
     rows: list[dict[str, Any]] = []
@@ -590,7 +590,7 @@ def get_model(device: str, input: FormatLike, output: FormatLike = "fp32", *, pa
     ------
     ValueError
         For unknown names, for pairs the hardware does not have (V100 bf16, tf32 -> fp16, fp8 before Ada,
-        bf16 -> fp16), and for undocumented behaviour (T4, whose block size is unknown).
+        bf16 -> fp16, T4 anything but fp16).
 
     Notes
     -----
