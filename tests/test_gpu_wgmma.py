@@ -241,6 +241,7 @@ def test_a_refused_wgmma_kernel_is_skipped_not_failed(monkeypatch: pytest.Monkey
 
     monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(refuse=("wgmma.fence",)))
     monkeypatch.setattr(ra, "PATHS", ())
+    monkeypatch.setattr(ra, "GENERATION_INSTRUCTIONS", {})  # tests/test_gpu_generations.py
     monkeypatch.setattr(prb, "PATHS", ())
     monkeypatch.setattr(conv, "CONVERSIONS", {})
     assert ra.main(["--out", str(tmp_path), "--rows", "64", "--conv-random", "10"]) == 0
