@@ -64,12 +64,13 @@ class Kernel:
     io: tuple[str, str] | None = None
     preset_path: str | None = None
     used_by: tuple[str, ...] = ()
+    also: tuple[str, ...] = ()  # further architectures of ARCHS where it compiles (measured, see catalogue)
 
     @property
     def claims(self) -> tuple[str, ...]:
         """The architectures of :data:`ARCHS` this kernel must compile for."""
         if self.arch_suffix:
-            return tuple(a for a in ARCHS if parse_arch(a) == (self.min_cc, self.arch_suffix))
+            return tuple(a for a in ARCHS if parse_arch(a) == (self.min_cc, self.arch_suffix) or a in self.also)
         top = self.max_cc if self.max_cc is not None else 10**6
         return tuple(a for a in ARCHS if self.min_cc <= parse_arch(a)[0] <= top)
 
@@ -104,7 +105,7 @@ def presets_for(kernel: Kernel) -> tuple[str, ...]:
 def catalogue() -> tuple[Kernel, ...]:
     """Every kernel fpsim can generate, conversions first, then ``mma.sync``, then ``wgmma``."""
     from .convert import CONVERSION_MIN_CC, CONVERSIONS, KERNEL_NAME, conversion_kernel_source
-    from .fragments import _INSTRUCTIONS, mma_kernel_source
+    from .fragments import _INSTRUCTIONS, GENERATION_INSTRUCTIONS, mma_kernel_source
     from .fragments import KERNEL_NAME as MMA_NAME
     from .run_all import WGMMA_PATHS
     from .wgmma import WGMMA_KERNEL_NAME, wgmma_instruction, wgmma_kernel_source
@@ -115,11 +116,14 @@ def catalogue() -> tuple[Kernel, ...]:
                           conversion_kernel_source(fmt, rnd, saturate=sat), CONVERSION_MIN_CC.get(fmt, 70),
                           used_by=("crosscheck_round",)))
     # The instruction table itself, not PATHS: a row may share its (input, output) with another shape.
-    for ins in _INSTRUCTIONS.values():
+    # then each generation's own shapes (Turing m16n8k8, sm_120a kind::f8f6f4)
+    for ins in (*_INSTRUCTIONS.values(), *GENERATION_INSTRUCTIONS.values()):
+        # kind::f8f6f4 with FP8 operands also assembles for sm_100a (NVRTC 13.5, measured; fp6/fp4 do not)
+        also = ("sm_100a",) if getattr(ins, "kind", "") == "f8f6f4" and ins.input.width == 8 else ()
         out.append(Kernel("mma.sync", ins.ptx, MMA_NAME, mma_kernel_source(ins), int(ins.min_cc),
                           str(getattr(ins, "arch_suffix", "") or ""), getattr(ins, "max_cc", None),
                           (ins.input.name, ins.output.name), getattr(ins, "preset_path", None),
-                          ("crosscheck_mma", "probe")))
+                          ("crosscheck_mma", "probe"), also))
     for inp, outp in WGMMA_PATHS:
         for n in (8, 256):
             w = wgmma_instruction(inp, outp, n)
