@@ -146,10 +146,10 @@ def identify_scale_rule(x: Any, scales: Any, *, elem: FormatLike, block: int = 3
     >>> e, s = S.mx_quantize(x, "fp8_e4m3", scale_rule="te")
     >>> rep = S.identify_scale_rule(x, s, elem="fp8_e4m3")
     >>> rep.consistent
-    ('te', 'torchao-ceil', 'torchao-rceil', 'onnx-up')
+    ('te', 'torchao-rceil', 'onnx-up')
     >>> d = rep.diffs["ocp"]
     >>> d.mismatches, d.first, d.steps
-    (1, (0,), 1)
+    (1, (0, 0), 1)
     """
     f = as_format(elem)
     sf = _as_scale_format(scale_format)
