@@ -253,3 +253,53 @@ def test_ocp_floor_is_torchao_floor_on_finite_blocks() -> None:
         inf = np.isinf(np.max(np.abs(x), axis=1))
     assert (mine[~inf] == sb[~inf]).all()
     assert (mine[inf] == 0xFF).all() and (sb[inf] == 127 + 120).all()
+
+
+# --------------------------------------------------------------------------------------------- NVFP4
+
+
+def nvfp4_tensors(n_blocks: int, seed: int) -> list[np.ndarray]:
+    """Tensors of 4096 blocks of 16: Gaussian blocks spread over 2**±12 within a tensor and 2**±30 between
+    tensors, an eighth each all-zero, all-equal and (every other tensor) subnormal."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for t in range(max(1, n_blocks // 4096)):
+        n = 4096
+        x = (rng.standard_normal((n, 16)) * 2.0 ** rng.integers(-12, 12, (n, 1))
+             * 2.0 ** rng.integers(-30, 30)).astype(np.float32)
+        k = rng.integers(0, 8, n)
+        x[k == 0] = 0.0
+        x[k == 1] = x[k == 1, :1]
+        if t % 2:
+            x[k == 2] = (rng.integers(-100, 100, (int((k == 2).sum()), 16)) * 2.0**-149).astype(np.float32)
+        out.append(x)
+    return out
+
+
+def _check_nvfp4(n_blocks: int, seed: int) -> None:
+    """fpsim's nvfp4_quantize (TE's reference rule) against torchao 0.18's ``nvfp4_quantize`` with its per-tensor
+    scale: bit-identical except where torchao clamps a block scale up to E4M3's smallest normal (2**-6) that TE
+    lets round to a subnormal or zero (a difference of rule, documented, not a bug of either)."""
+    torch = pytest.importorskip("torch", reason="torch is the runtime of the torchao oracle")
+    nv = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor", reason="torchao's NVFP4 is absent")
+    clamp_code = np.float32(2.0**-6).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    for x in nvfp4_tensors(n_blocks, seed):
+        xt = torch.from_numpy(x)
+        s, d = nv.nvfp4_quantize(xt, 16, nv.per_tensor_amax_to_scale(torch.amax(torch.abs(xt)).float()))
+        sb = s.view(torch.uint8).numpy().reshape(-1)
+        p = d.view(torch.uint8).numpy().reshape(x.shape[0], -1)
+        codes = np.stack([p & 0xF, p >> 4], axis=-1).reshape(x.shape)
+        q, dd, _ = fpsim.scaling.nvfp4_quantize(x)
+        mine = np.asarray(dd, np.float32).astype(ml_dtypes.float8_e4m3fn).view(np.uint8).reshape(-1)
+        bad = (mine != sb) | (elem_codes(q, "fp4_e2m1") != codes).any(axis=1)
+        clamped = (sb == clamp_code) & (np.asarray(dd, np.float32).reshape(-1) < 2.0**-6)
+        assert not (bad & ~clamped).any(), int((bad & ~clamped).sum())
+
+
+def test_nvfp4_torchao_fast() -> None:
+    _check_nvfp4(8192, 51)
+
+
+@pytest.mark.slow
+def test_nvfp4_torchao_million_blocks() -> None:
+    _check_nvfp4(N_SLOW, 52)

@@ -159,7 +159,7 @@ def identify_scale_rule(x: Any, scales: Any, *, elem: FormatLike, block: int = 3
     with np.errstate(invalid="ignore"):
         bam = np.asarray(_block_absmax(blocks), dtype=np.float64)
     given = _scale_codes(scales, bam.shape, ax, len(shp), sf)
-    nan_code = int(sf.nan_code)
+    nan_code = -1 if sf.nan_code is None else int(sf.nan_code)
     out_shape = np.moveaxis(np.empty(bam.shape, dtype=np.int8), -1, ax).shape if bam.ndim else ()
     g_out = np.moveaxis(given, -1, ax) if given.ndim else given
     diffs: dict[str, RuleDiff] = {}
@@ -229,11 +229,11 @@ def identify_quantizer(x: Any, scales: Any, codes: Any, *, elem: FormatLike, blo
     xb = blocks.astype(np.float64)
     notes: list[str] = []
     if (~ok).any():
-        nb = given[~ok]
+        nan_blocks = given[~ok]
         xn = xb[~ok]
-        if f.has_nan and (nb == int(f.nan_code)).all():
+        if f.nan_code is not None and bool((nan_blocks == int(f.nan_code)).all()):
             notes.append("NaN-scale blocks: every element NaN")
-        elif (from_bits(nb, f)[~np.isnan(xn)] == 0).all():
+        elif bool((np.asarray(from_bits(nan_blocks, f))[~np.isnan(xn)] == 0).all()):
             notes.append("NaN-scale blocks: elements 0 except at NaN inputs (divided by an infinite scale)")
         else:
             notes.append("NaN-scale blocks: elements neither all NaN nor zero")
@@ -245,7 +245,7 @@ def identify_quantizer(x: Any, scales: Any, codes: Any, *, elem: FormatLike, blo
         return np.moveaxis(a.reshape(shp), -1, ax)
 
     g_out = back(given)
-    nan_code = int(f.nan_code) if f.has_nan else -1
+    nan_code = -1 if f.nan_code is None else int(f.nan_code)
     for dname, rname in _MIN_DIVISORS.items():
         div = _divisors(np.where(ok, sval, 1.0), SCALE_RULES[rname], sf)
         with np.errstate(invalid="ignore", over="ignore"):

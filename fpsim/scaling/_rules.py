@@ -110,7 +110,7 @@ SCALE_RULES: dict[str, ScaleRule] = {r.name: r for r in (
     ScaleRule("nvfp4", "TransformerEngine NVFP4QuantizerRef; NVIDIA NVFP4 (FP32 tensor scale x UE4M3 block scale)",
               "s_enc = 448*6/amax_tensor; block scale e4m3(amax_block * s_enc / 6); see nvfp4_quantize",
               "amax*f32(1/max)", "nearest", "max", "scale", "nvfp4",
-              "TransformerEngine NVFP4QuantizerRef (tests/test_scaling.py); torchao 0.18 differs: docs/scale-rules.md"),
+              "torchao 0.18 nvfp4_quantize, except its clamp of block scales to 2**-6"),
 )}
 
 _ALIASES = {a: r.name for r in SCALE_RULES.values() for a in r.aliases}
