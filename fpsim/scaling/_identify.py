@@ -1,4 +1,4 @@
-""""Which rule made these bytes?": given data and the block scales (and element codes) another library produced,
+"""Which rule made these bytes? Given data and the block scales (and element codes) another library produced,
 list every named rule consistent with them, and for each that is not, where and by how much it differs.
 """
 
