@@ -20,7 +20,8 @@ specification stores them. Every rounding goes through :func:`fpsim.round` (one 
 
 The scaling package (the precision layer): ``_tensor.py`` (per-tensor, per-channel and per-block scales),
 ``_recipes.py`` (TransformerEngine's delayed and current scaling, the recipe table), ``_mx.py`` (MX and NVFP4),
-``_scaled.py`` (:func:`quantize_scaled`, one scaled tensor for every recipe) and ``_common.py`` (the shared checks
+``_rules.py`` (every named block-scale rule, :data:`SCALE_RULES`), ``_identify.py`` (which rule made these
+bytes), ``_scaled.py`` (:func:`quantize_scaled`, one scaled tensor for every recipe) and ``_common.py`` (the shared checks
 and block geometry).
 """
 
@@ -30,15 +31,21 @@ from ..mma.blockscaled import matmul_block_scaled  # MX/NVFP4 ScaledTensors stra
 from ..mma.scaled import ScaledTensor
 from ._common import BlockLike
 from ._mx import mx_dequantize, mx_quantize, mx_scales, nvfp4_dequantize, nvfp4_quantize
+from ._identify import IdentifyReport, RuleDiff, identify_quantizer, identify_scale_rule
 from ._recipes import FP8_FORMATS, CurrentScaling, DelayedScaling, Recipe, fp8_format_pair, get_recipe, recipes
+from ._rules import SCALE_RULES, ScaleRule, rules_table, scale_rule
 from ._scaled import quantize_scaled
 from ._tensor import amax, compute_scale, dequantize, fake_quantize, quantize, scale_and_quantize
 
 __all__ = [
     "FP8_FORMATS",
+    "SCALE_RULES",
     "CurrentScaling",
     "DelayedScaling",
+    "IdentifyReport",
     "Recipe",
+    "RuleDiff",
+    "ScaleRule",
     "ScaledTensor",
     "amax",
     "compute_scale",
@@ -46,6 +53,8 @@ __all__ = [
     "fake_quantize",
     "fp8_format_pair",
     "get_recipe",
+    "identify_quantizer",
+    "identify_scale_rule",
     "matmul_block_scaled",
     "mx_dequantize",
     "mx_quantize",
@@ -55,6 +64,8 @@ __all__ = [
     "quantize",
     "quantize_scaled",
     "recipes",
+    "rules_table",
     "scale_and_quantize",
+    "scale_rule",
 ]
 

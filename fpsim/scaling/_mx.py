@@ -15,6 +15,7 @@ from ..formats import FormatLike, as_format
 from ..rounding import Rounding, RoundingLike, as_rounding
 from ..rounding import round as _round
 from ._common import BlockLike, _F32, _FLT_MAX, _apply, _as_float, _block_shape, _check_int, _check_real, _norm_axis
+from ._rules import ScaleRule, _as_scale_format, _divisors, _mx_rule, _rule_scales
 from ._tensor import _presaturate, amax
 
 
@@ -49,10 +50,27 @@ def _block_absmax(blocks: np.ndarray) -> np.ndarray:
     return out
 
 
+def _resolve_rule(scale_rounding: Any, scale_rule: Any) -> ScaleRule:
+    """One rule from the two spellings: ``scale_rounding`` (the original "floor"/"ceil") or ``scale_rule``."""
+    if scale_rounding is not None:
+        scale_rounding = parse_name(scale_rounding, _SCALE_RULES, "scale_rounding")
+        r = _mx_rule(scale_rounding)
+        if scale_rule is not None and _mx_rule(scale_rule) != r:
+            raise ValueError(f"scale_rounding={scale_rounding!r} and scale_rule={scale_rule!r} disagree; "
+                             "give only scale_rule")
+        return r
+    return _mx_rule("ocp" if scale_rule is None else scale_rule)
+
+
 @ieee_mode
 @returns_input_kind(dtype_option=False)
-def mx_scales(block_amax: Any, elem_fmt: FormatLike, *, scale_rounding: str = "floor") -> np.ndarray:
-    """E8M0 decode scales (powers of two, as float32) for block amaxes.
+def mx_scales(block_amax: Any, elem_fmt: FormatLike, *, scale_rounding: str | None = None,
+              scale_rule: str | ScaleRule | None = None, scale_format: FormatLike = "e8m0") -> np.ndarray:
+    """Block decode scales (E8M0 powers of two by default, as float32) for block amaxes.
+
+    ``scale_rule`` names one of :data:`~fpsim.scaling.SCALE_RULES` (docs/scale-rules.md); the default is
+    ``"ocp"``. ``scale_rounding`` is the older spelling of the two original rules: ``"floor"`` (= ``"ocp"``)
+    and ``"ceil"`` (= ``"te"``).
 
     ``"floor"`` (OCP MX v1.0): ``X = 2**(floor(log2 amax) - emax_elem)``; the block's largest values may
     exceed ``elem.max`` after scaling and saturate. ``"ceil"`` (TransformerEngine MXFP8):
@@ -61,37 +79,22 @@ def mx_scales(block_amax: Any, elem_fmt: FormatLike, *, scale_rounding: str = "f
     gets a NaN scale (OCP: the whole block decodes to NaN); an inf amax gives NaN under ``"floor"``
     and 2**127 under ``"ceil"`` (TE's ``float_to_e8m0``).
 
+    ``scale_format`` (default ``"e8m0"``) is the format the scales are rounded onto, in the rule's direction
+    and clamped to the format's positive range: ``"fp8_e4m3"`` gives UE4M3 scales, and ``"ue5m3"`` works once
+    that format is registered.
+
     >>> mx_scales([500.0, 448.0, 1.0, 0.003], "fp8_e4m3", scale_rounding="ceil").tolist()
     [2.0, 1.0, 0.00390625, 7.62939453125e-06]
     >>> mx_scales([500.0, 448.0], "fp8_e4m3", scale_rounding="floor").tolist()
     [1.0, 1.0]
+    >>> mx_scales([500.0, 448.0], "fp8_e4m3", scale_rule="neuron-emax").tolist()
+    [2.0, 2.0]
     """
     f = as_format(elem_fmt)
-    scale_rounding = parse_name(scale_rounding, _SCALE_RULES, "scale_rounding")
+    r = _resolve_rule(scale_rounding, scale_rule)
+    sf = _as_scale_format(scale_format)
     a = np.asarray(_as_float(block_amax, "block_amax"), dtype=np.float64)
-    finite = np.isfinite(a)
-    ok = finite & (a > 0)
-    safe = np.where(ok, a, 1.0)
-    e8 = as_format("e8m0")
-    lo, hi = e8.min_normal, e8.max  # 2**-127, 2**127
-    if scale_rounding == "floor":
-        # 2**floor(log2 amax) is amax rounded down onto E8M0's grid; then divide by 2**emax (exact).
-        p2 = np.asarray(_round(safe, e8, "rdn", overflow="saturate"), dtype=np.float64)
-        x = np.ldexp(p2, -f.emax)
-    else:
-        # TE: float32 product with the float32 reciprocal of the element max, rounded up onto E8M0
-        # (cvt.rp.satfinite.ue8m0); a product that underflows to 0 gives E8M0's smallest value.
-        with np.errstate(over="ignore"):  # an amax beyond float32's range is inf there: 2**127 below
-            v = (safe.astype(_F32) * _F32(1.0 / f.max)).astype(np.float64)
-        v = np.where(v > 0, v, lo)
-        x = np.asarray(_round(v, e8, "rup", overflow="saturate"), dtype=np.float64)
-    x = np.where(ok, np.clip(x, lo, hi), lo)
-    out = x.astype(_F32)
-    if scale_rounding == "ceil":
-        # TE's float_to_e8m0: inf -> 0xFE (2**127), NaN -> 0xFF (NaN)
-        res: np.ndarray = np.where(np.isnan(a), _F32(np.nan), np.where(np.isinf(a), _F32(hi), out)).astype(_F32)
-    else:
-        res = np.where(finite, out, _F32(np.nan)).astype(_F32)
+    res: np.ndarray = _rule_scales(a, f, r, sf).astype(_F32)
     return res
 
 
@@ -103,9 +106,11 @@ def mx_quantize(
     *,
     block: int = 32,
     axis: int = -1,
-    scale_rounding: str = "floor",
+    scale_rounding: str | None = None,
     rounding: RoundingLike = "rne",
     rng: np.random.Generator | None = None,
+    scale_rule: str | ScaleRule | None = None,
+    scale_format: FormatLike = "e8m0",
 ) -> tuple[Any, np.ndarray]:
     """MX quantisation: every ``block`` consecutive values along ``axis`` share an E8M0 scale.
 
@@ -124,8 +129,14 @@ def mx_quantize(
         max's); ``"ceil"``: TransformerEngine MXFP8 (see :func:`mx_scales`), including its kernel's
         quirk for blocks that get the smallest scale 2**−127 (amax ≤ 2**−127 · elem.max): their
         elements are rounded unscaled (TE's ``exp2f_rcp`` returns 1 there), so they mostly become 0.
+        The older spelling of ``scale_rule``; give one of the two.
     rounding : str
         Element rounding (``"rne"``; ``"sr"`` needs ``rng=``). Elements always saturate.
+    scale_rule : str or ScaleRule, optional
+        Any MX rule of :data:`~fpsim.scaling.SCALE_RULES` (default ``"ocp"``), its smallest-scale divisor
+        included (torchao's FLOOR/CEIL/EVEN divide by 2**-126 there, TE and torchao's RCEIL not at all).
+    scale_format : Format or str
+        The scales' format (default ``"e8m0"``); see :func:`mx_scales`.
 
     Returns
     -------
@@ -146,22 +157,25 @@ def mx_quantize(
     ([2.0], [256.0, 0.5, -1.5, 0.005859375])
     """
     f = as_format(elem_fmt)
-    scale_rounding = parse_name(scale_rounding, _SCALE_RULES, "scale_rounding")
+    rule = _resolve_rule(scale_rounding, scale_rule)
+    sf = _as_scale_format(scale_format)
     mode = as_rounding(rounding)
     a, b, ax = _mx_prepare(x, block, axis)
     moved = np.moveaxis(a, ax, -1)
     shp = moved.shape
     blocks = moved.reshape(shp[:-1] + (shp[-1] // b, b))  # (..., nblocks, block)
     bam = _block_absmax(blocks)  # (..., nblocks)
-    scales = mx_scales(bam, f, scale_rounding=scale_rounding)  # (..., nblocks)
+    scales = _rule_scales(np.asarray(bam, dtype=np.float64), f, rule, sf).astype(_F32)  # (..., nblocks)
     # x / X is exact for power-of-two X unless the quotient drops below the carrier's normal range,
     # which is far below half the element format's smallest subnormal: then it rounds to 0 anyway in
     # the nearest / toward-zero modes. Other modes divide in float64.
-    work = a.dtype if (a.dtype == np.float32 and mode in (Rounding.RNE, Rounding.RNA, Rounding.RTZ)) else np.float64
-    div = scales
-    if scale_rounding == "ceil":
-        # TE multiplies by exp2f_rcp(biased exponent), which is 1 (not 2**127) for the smallest scale.
-        div = np.where(scales == _F32(2.0**-127), _F32(1.0), scales)
+    # (a scale format with mantissa bits makes the quotient inexact: float64 then, rounded once more below)
+    pow2 = sf.mbits == 0
+    work = (a.dtype if (a.dtype == np.float32 and pow2 and mode in (Rounding.RNE, Rounding.RNA, Rounding.RTZ))
+            else np.float64)
+    # TE multiplies by exp2f_rcp(biased exponent), which is 1 (not 2**127) for the smallest scale; torchao's
+    # FLOOR/CEIL/EVEN clamp that divisor to 2**-126 (its comment: subnormal handling in Triton)
+    div = _divisors(scales, rule, sf)
     with np.errstate(invalid="ignore", over="ignore"):
         scaled = (blocks.astype(work, copy=False) / div[..., None].astype(work)).astype(work, copy=False)
     _presaturate(scaled, f)
