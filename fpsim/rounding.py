@@ -633,7 +633,7 @@ def table_grid(fmt: Format) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _round_table(x: np.ndarray, fmt: Format, mode: Rounding, overflow: Overflow, subnormals: bool,
-                 rng: np.random.Generator | None, sr_bits: int | None, overflows: np.ndarray | None = None
+                 rng: np.random.Generator | Philox | None, sr_bits: int | None, overflows: np.ndarray | None = None
                  ) -> np.ndarray:
     """The table path of the one rounding: float64 ``x`` onto the sorted values of a table format.
 
@@ -649,7 +649,10 @@ def _round_table(x: np.ndarray, fmt: Format, mode: Rounding, overflow: Overflow,
     if mode is Rounding.SR:
         assert rng is not None
         k = 32 if sr_bits is None else int(sr_bits)
-        rand_all = rng.integers(0, 1 << k, size=x.size, dtype=np.uint64)  # one word per element, in order
+        if isinstance(rng, Philox):  # its next 64-bit words (two stream words each), the top k bits
+            rand_all = _random_words(rng, x.size, _F64) >> np.uint64(64 - k)
+        else:
+            rand_all = rng.integers(0, 1 << k, size=x.size, dtype=np.uint64)  # one word per element, in order
     for i in range(0, x.size, _CHUNK):
         xs = x[i : i + _CHUNK]
         neg = np.signbit(xs)
