@@ -690,7 +690,7 @@ def register_block_policies() -> None:
                                        "along K with E8M0 scales rounded up, FP32 accumulation, BF16 elsewhere, "
                                        "FP32 master weights"), overwrite=True)
     register_policy(Policy("mxfp8-e5m2-grads", **base,
-                           block=BlockRecipe("mxfp8", backward="fp8_e5m2", sr_gradients=False),
+                           block=BlockRecipe("mxfp8", backward=as_format("fp8_e5m2"), sr_gradients=False),
                            description="as mxfp8 with E5M2 gradients (the variant arXiv 2506.08027 reports "
                                        "diverging at scale)"), overwrite=True)
     register_policy(Policy("nvfp4", **base, block=BlockRecipe("nvfp4", bf16_last=1),

@@ -532,7 +532,8 @@ class PolicyRuntime:
         blk = pol.block
         assert blk is not None and blk.forward is not None
         if b.ndim != 2:
-            raise ValueError(f"block-scaled GEMM {site!r}: the second operand must be a 2-D weight, got shape {b.shape}")
+            raise ValueError(f"block-scaled GEMM {site!r}: the second operand must be a 2-D weight, "
+                             f"got shape {b.shape}")
         ac = self.cast(a, pol.activations)
         bc = self.cast(b, pol.params)
         lead, k = ac.shape[:-1], ac.shape[-1]
