@@ -64,6 +64,7 @@ def test_replace_reaches_the_block_recipe() -> None:
 def test_policies_describe_their_recipe() -> None:
     d = get_policy("mxfp8").describe()["block"]
     assert d["scheme"] == "mxfp8" and d["forward"] == d["backward"] == "fp8_e4m3" and d["scale_rounding"] == "ceil"
+    assert not d["hadamard"] and not d["sr_gradients"] and not get_policy("mxfp8").stochastic
     assert get_policy("mxfp8-e5m2-grads").block.backward.name == "fp8_e5m2"  # type: ignore[union-attr]
     assert "block" not in get_policy("bf16-mixed").describe()  # other fingerprints unchanged
 

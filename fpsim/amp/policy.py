@@ -685,12 +685,14 @@ def register_block_policies() -> None:
     """Register ``mxfp8``, ``mxfp8-e5m2-grads`` and ``nvfp4`` (called by the policy registry)."""
     b16, f32 = as_format("bf16"), as_format("fp32")
     base: dict[str, Any] = {"params": b16, "activations": b16, "gradients": b16, "master": f32}
-    register_policy(Policy("mxfp8", **base, block=BlockRecipe("mxfp8", sr_gradients=False),
+    # MXFP8 (arXiv 2506.08027) has no Hadamard transform and no stochastic rounding: plain RNE casts
+    mx: dict[str, Any] = {"hadamard": False, "sr_gradients": False}
+    register_policy(Policy("mxfp8", **base, block=BlockRecipe("mxfp8", **mx),
                            description="MXFP8 (arXiv 2506.08027): every linear GEMM's operands E4M3 in 1x32 blocks "
                                        "along K with E8M0 scales rounded up, FP32 accumulation, BF16 elsewhere, "
                                        "FP32 master weights"), overwrite=True)
     register_policy(Policy("mxfp8-e5m2-grads", **base,
-                           block=BlockRecipe("mxfp8", backward=as_format("fp8_e5m2"), sr_gradients=False),
+                           block=BlockRecipe("mxfp8", backward=as_format("fp8_e5m2"), **mx),
                            description="as mxfp8 with E5M2 gradients (the variant arXiv 2506.08027 reports "
                                        "diverging at scale)"), overwrite=True)
     register_policy(Policy("nvfp4", **base, block=BlockRecipe("nvfp4", bf16_last=1),
