@@ -164,6 +164,8 @@ class BlockRecipe:
     kinds : tuple of str
         GEMM kinds the recipe applies to (:data:`fpsim.nn.GEMM_KINDS`).
 
+    Examples
+    --------
     >>> BlockRecipe("nvfp4").replace(hadamard=False).hadamard
     False
     """
