@@ -50,7 +50,8 @@ KEY = {
     "13-data-parallel": "runs = {(1, \"fp32\")",
     "14-pytorch-amp": "GradScaler: back-off on overflow",
     "15-finetuning-4bit": "fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.8)",
-    "16-why-bf16-won": 'fig, axes = plt.subplots(1, 2, figsize=(14, 4.2), layout="constrained")',
+    "16-training-in-four-bits": 'fig, axes = plt.subplots(1, 2, figsize=(13, 5), layout="constrained")',
+    "17-why-bf16-won": 'fig, axes = plt.subplots(1, 2, figsize=(14, 4.2), layout="constrained")',
 }
 DEMO = ("loss_curves", "grad_histogram", "loss_scale", "lost_updates", "qat_vs_ptq")
 

@@ -14,7 +14,8 @@ from .clip import clip_grad_norm_
 from .fused import fused_adamw_step, fused_sgd_step
 from .grad_scaler import GradScaler
 from .optim import SGD, AdamW, MasterWeights, make_optimizer
-from .policy import FP32_OPS, OPS, FP8Recipe, Policy, QuantConfig, get_policy, policy_names, register_policy
+from .policy import (FP32_OPS, OPS, BlockRecipe, FP8Recipe, Policy, QuantConfig, get_policy, policy_names,
+                     register_policy)
 from .runtime import PolicyRuntime, log2_histogram
 from .scaler import DynamicLossScaler, LossScaler
 
@@ -28,6 +29,7 @@ __all__ = [
     "AnomalyError",
     "AnomalyLog",
     "DynamicLossScaler",
+    "BlockRecipe",
     "FP8Recipe",
     "GradScaler",
     "LossScaler",

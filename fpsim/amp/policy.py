@@ -31,6 +31,7 @@ from .scaler import DynamicLossScaler, LossScaler
 __all__ = [
     "FP32_OPS",
     "OPS",
+    "BlockRecipe",
     "FP8Recipe",
     "Policy",
     "QuantConfig",
@@ -111,6 +112,117 @@ class FP8Recipe:
         object.__setattr__(self, "amax_compute_algo",
                            parse_name(self.amax_compute_algo, ("max", "most_recent"), "amax_compute_algo"))
         object.__setattr__(self, "kinds", _parse_kinds(self.kinds, "FP8Recipe.kinds"))
+
+
+#: Block-scaled GEMM schemes of :class:`BlockRecipe`.
+BLOCK_SCHEMES = ("mxfp8", "nvfp4")
+
+
+@ieee_mode
+@dataclass(frozen=True)
+class BlockRecipe:
+    """Block-scaled GEMMs (MXFP8, NVFP4) as the 2025 training recipes run them.
+
+    Every GEMM of kind ``kinds`` (the linear layers by default) quantises its two operands along the
+    reduction axis, each from the higher-precision tensor, for each of the three GEMMs (forward
+    ``Y = X W``, data gradient ``dX = dY Wᵀ``, weight gradient ``dW = Xᵀ dY``): elements in ``forward``
+    (X, W) or ``backward`` (dY), one scale per block. The GEMM multiplies the elements, applies the block
+    scales inside the product and a per-tensor scale (NVFP4) after it, as Blackwell's block-scaled MMA and
+    cuBLAS' ``alpha`` do; its FP32 result is then cast like any GEMM output of the policy.
+
+    Parameters
+    ----------
+    scheme : {"mxfp8", "nvfp4"}
+        ``"mxfp8"``: 1x32 blocks, E8M0 scales (:func:`fpsim.scaling.mx_quantize`); ``"nvfp4"``: 1x16 blocks,
+        E4M3 block scales and an FP32 tensor scale (:func:`fpsim.scaling.nvfp4_quantize`).
+    forward, backward : Format
+        Element formats of X and W, and of dY (fp8_e4m3 / fp8_e5m2 for MXFP8, fp4_e2m1 for NVFP4).
+    scale_rounding : {"ceil", "floor"}
+        MXFP8's E8M0 rule: ``"ceil"`` rounds ``amax / elem_max`` up to a power of two (Mishra et al., arXiv
+        2506.08027; nothing saturates), ``"floor"`` is OCP MX v1.0's. Ignored by NVFP4.
+    weight_2d : bool
+        NVFP4: 16x16 blocks for the weights, so the forward and the data-gradient GEMM see the same
+        quantised W (arXiv 2509.25149 section 4.3); False: 1x16 along each GEMM's reduction axis.
+    hadamard : bool
+        A 16x16 random Hadamard transform (``H16 / 4`` times a diagonal of random signs drawn once from the
+        runtime's seed) on both inputs of the weight-gradient GEMM, along the token (reduction) axis, before
+        they are quantised: ``(T X)ᵀ (T dY) = Xᵀ dY`` in exact arithmetic (arXiv 2509.25149 section 4.2).
+    sr_gradients : bool
+        Stochastic rounding of the quantised gradient dY (the runtime's seeded generator); X and W are
+        rounded to nearest even (arXiv 2509.25149 section 4.4).
+    four_over_six : bool
+        NVFP4: each block scaled to 6 or to 4, whichever has the lower squared error (Cook et al., arXiv
+        2512.02010); see :func:`fpsim.scaling.nvfp4_quantize`.
+    bf16_last : int
+        The linear layers of the last ``bf16_last`` transformer blocks keep the policy's own GEMMs
+        (NVIDIA's recipe keeps about 15% of the linear layers, mostly the last ones, in BF16). The
+        runtime needs the model's depth for this (``PolicyRuntime.n_layer``, set by the trainer).
+    gemm : str
+        ``"fast"``: the dequantised operands (block scales applied exactly, in float32) multiplied with
+        float32 BLAS, the tensor scales applied after; ``"b200"``: every block-scaled GEMM through
+        :func:`fpsim.mma.matmul_block_scaled` (Blackwell's instruction chain, bit-exact, slow).
+    kinds : tuple of str
+        GEMM kinds the recipe applies to (:data:`fpsim.nn.GEMM_KINDS`).
+
+    Examples
+    --------
+    >>> BlockRecipe("nvfp4").replace(hadamard=False).hadamard
+    False
+    """
+
+    scheme: str = "nvfp4"
+    forward: Format | None = None
+    backward: Format | None = None
+    scale_rounding: str = "ceil"
+    weight_2d: bool = True
+    hadamard: bool = True
+    sr_gradients: bool = True
+    four_over_six: bool = False
+    bf16_last: int = 0
+    gemm: str = "fast"
+    kinds: tuple[str, ...] = ("linear",)
+
+    def __post_init__(self) -> None:
+        sch = parse_name(self.scheme, BLOCK_SCHEMES, "BlockRecipe.scheme")
+        object.__setattr__(self, "scheme", sch)
+        dflt = ("fp8_e4m3", "fp8_e4m3") if sch == "mxfp8" else ("fp4_e2m1", "fp4_e2m1")
+        allowed = ("fp8_e4m3", "fp8_e5m2") if sch == "mxfp8" else ("fp4_e2m1",)
+        for f, d in zip(("forward", "backward"), dflt):
+            fmt = _format(d if getattr(self, f) is None else getattr(self, f), f"BlockRecipe.{f}")
+            if fmt.name not in allowed:
+                raise ValueError(f"BlockRecipe.{f}={fmt.name} is not an element format of {sch}; "
+                                 f"valid: {', '.join(allowed)}")
+            object.__setattr__(self, f, fmt)
+        object.__setattr__(self, "scale_rounding",
+                           parse_name(self.scale_rounding, ("ceil", "floor"), "BlockRecipe.scale_rounding"))
+        for f in ("weight_2d", "hadamard", "sr_gradients", "four_over_six"):
+            object.__setattr__(self, f, check_bool(getattr(self, f), f"BlockRecipe.{f}"))
+        object.__setattr__(self, "bf16_last", check_int(self.bf16_last, "BlockRecipe.bf16_last", lo=0))
+        object.__setattr__(self, "gemm", parse_name(self.gemm, ("fast", "b200"), "BlockRecipe.gemm"))
+        object.__setattr__(self, "kinds", _parse_kinds(self.kinds, "BlockRecipe.kinds"))
+        if "attn" in self.kinds:  # the recipes keep attention's batched GEMMs in BF16 (arXiv 2509.25149)
+            raise ValueError("BlockRecipe.kinds: 'attn' (attention's batched GEMMs) is not block-scaled here; "
+                             "valid: linear, lm_head")
+
+    @property
+    def block(self) -> int:
+        """Elements per scale along the reduction axis (32 for MXFP8, 16 for NVFP4)."""
+        return 32 if self.scheme == "mxfp8" else 16
+
+    def replace(self, **changes: Any) -> BlockRecipe:
+        """A copy with some fields changed (``dataclasses.replace``)."""
+        return dataclasses.replace(self, **changes)
+
+    def describe(self) -> dict[str, Any]:
+        """Plain-data summary (for reports and the policy fingerprint)."""
+        assert self.forward is not None and self.backward is not None
+        return {"scheme": self.scheme, "forward": self.forward.name, "backward": self.backward.name,
+                "scale_rounding": self.scale_rounding, "weight_2d": self.weight_2d, "hadamard": self.hadamard,
+                "sr_gradients": self.sr_gradients, "four_over_six": self.four_over_six,
+                "bf16_last": self.bf16_last, "gemm": self.gemm, "kinds": list(self.kinds)}
+
+
+_BLOCK_FIELDS = frozenset(f.name for f in dataclasses.fields(BlockRecipe))
 
 
 @ieee_mode
@@ -227,6 +339,9 @@ def _check_device_gemm(p: Policy) -> None:
     if p.fp8 is not None:
         raise ValueError(f"Policy.gemm={p.gemm!r} with an FP8Recipe: bit-exact FP8 device GEMMs (E4M3 x E5M2 in the "
                          "backward pass) are not modelled by the runtime; use gemm='fast' (or fpsim.mma directly)")
+    if p.block is not None:
+        raise ValueError(f"Policy.gemm={p.gemm!r} with a BlockRecipe: its GEMMs are block-scaled; choose their "
+                         "model with BlockRecipe.gemm ('fast' or 'b200') and leave Policy.gemm='fast'")
     if p.quant is not None:
         raise ValueError(f"Policy.gemm={p.gemm!r} with a QuantConfig: fake-quantized integer operands are not values "
                          f"of the device's {p.activations.name} input format; use gemm='fast'")
@@ -289,6 +404,9 @@ class Policy:
         checked when the policy is built; refused without ``"dynamic"``, where they would be ignored).
     fp8 : FP8Recipe or None
     quant : QuantConfig or None
+    block : BlockRecipe or None
+        Block-scaled GEMMs (MXFP8, NVFP4 recipes); its fields are also reachable through
+        :meth:`replace` (``get_policy("nvfp4").replace(hadamard=False)`` is the ablation).
     rounding : str
         Rounding mode of every cast (``"rne"``; ``"sr"`` draws from the runtime's seeded generator).
     update : None or str
@@ -316,6 +434,7 @@ class Policy:
     rounding: str = "rne"
     description: str = ""
     update: str | None = None
+    block: BlockRecipe | None = None
 
     def __post_init__(self) -> None:
         # Every field is checked (and every name parsed by the one rule) here, so a policy that
@@ -351,6 +470,13 @@ class Policy:
             raise TypeError(f"Policy.fp8 must be an FP8Recipe or None, got {type(self.fp8).__name__}")
         if self.quant is not None and not isinstance(self.quant, QuantConfig):
             raise TypeError(f"Policy.quant must be a QuantConfig or None, got {type(self.quant).__name__}")
+        if self.block is not None and not isinstance(self.block, BlockRecipe):
+            raise TypeError(f"Policy.block must be a BlockRecipe or None, got {type(self.block).__name__}")
+        for other in ("fp8", "quant"):
+            rec = getattr(self, other)
+            if self.block is not None and rec is not None and set(self.block.kinds) & set(rec.kinds):
+                raise ValueError(f"Policy.block and Policy.{other} both claim GEMM kinds "
+                                 f"{sorted(set(self.block.kinds) & set(rec.kinds))}; give each kind to one")
         if self.fp8 is not None and self.quant is not None:
             both = sorted(set(self.fp8.kinds) & set(self.quant.kinds))
             if both:  # FP8 would win and the quantization config would be ignored for these GEMMs
@@ -374,7 +500,8 @@ class Policy:
     @property
     def stochastic(self) -> bool:
         """Whether the runtime needs a seeded generator (SR casts, or SR weight updates)."""
-        return self.rounding == Rounding.SR.value or self.update == "sr"
+        return (self.rounding == Rounding.SR.value or self.update == "sr"
+                or (self.block is not None and self.block.sr_gradients))
 
     def make_scaler(self) -> LossScaler:
         """A fresh loss scaler for this policy (``LossScaler(1)`` when there is no loss scaling)."""
@@ -391,7 +518,20 @@ class Policy:
         return PolicyRuntime(self, seed=seed)
 
     def replace(self, **changes: Any) -> Policy:
-        """A copy with some fields changed (``dataclasses.replace``)."""
+        """A copy with some fields changed (``dataclasses.replace``).
+
+        Fields of :class:`BlockRecipe` that are not Policy fields (``hadamard``, ``weight_2d``,
+        ``sr_gradients``, ``four_over_six``, ``bf16_last``, ``scale_rounding``, ``scheme``) change the
+        policy's block recipe, so an ablation is one call: ``get_policy("nvfp4").replace(hadamard=False)``.
+        """
+        own = {f.name for f in dataclasses.fields(self)}
+        to_block = {k: changes.pop(k) for k in list(changes) if k not in own and k in _BLOCK_FIELDS}
+        if to_block:
+            blk = changes.get("block", self.block)
+            if blk is None:
+                raise ValueError(f"Policy.replace({', '.join(sorted(to_block))}=...): these are BlockRecipe fields "
+                                 f"and policy {self.name!r} has no block recipe (Policy.block is None)")
+            changes["block"] = blk.replace(**to_block)
         return dataclasses.replace(self, **changes)
 
     def fingerprint(self) -> str:
@@ -423,6 +563,7 @@ class Policy:
             "rounding": self.rounding,
             "description": self.description,
             **({} if self.update is None else {"update": self.update}),  # absent: fingerprints stay as they were
+            **({} if self.block is None else {"block": self.block.describe()}),
         }
 
     def memory_ledger(self, optimizer: str = "adamw") -> dict[str, float]:
@@ -538,6 +679,30 @@ def _builtin() -> None:
                            description="apex O3: pure FP16 (weights, activations, norms, loss and optimizer "
                                        "state), no master copy, loss scale 1"))
     register_pure_bf16()
+    register_block_policies()
+
+
+@ieee_mode
+def register_block_policies() -> None:
+    """Register ``mxfp8``, ``mxfp8-e5m2-grads`` and ``nvfp4`` (called by the policy registry)."""
+    b16, f32 = as_format("bf16"), as_format("fp32")
+    base: dict[str, Any] = {"params": b16, "activations": b16, "gradients": b16, "master": f32}
+    # MXFP8 (arXiv 2506.08027) has no Hadamard transform and no stochastic rounding: plain RNE casts
+    mx: dict[str, Any] = {"hadamard": False, "sr_gradients": False}
+    register_policy(Policy("mxfp8", **base, block=BlockRecipe("mxfp8", **mx),
+                           description="MXFP8 (arXiv 2506.08027): every linear GEMM's operands E4M3 in 1x32 blocks "
+                                       "along K with E8M0 scales rounded up, FP32 accumulation, BF16 elsewhere, "
+                                       "FP32 master weights"), overwrite=True)
+    register_policy(Policy("mxfp8-e5m2-grads", **base,
+                           block=BlockRecipe("mxfp8", backward=as_format("fp8_e5m2"), **mx),
+                           description="as mxfp8 with E5M2 gradients (the variant arXiv 2506.08027 reports "
+                                       "diverging at scale)"), overwrite=True)
+    register_policy(Policy("nvfp4", **base, block=BlockRecipe("nvfp4", bf16_last=1),
+                           description="NVFP4 recipe (arXiv 2509.25149): E2M1 elements, E4M3 block scales and an "
+                                       "FP32 tensor scale, 16x16 weight blocks, 1x16 activation and gradient "
+                                       "blocks, random Hadamard transform on the weight-gradient GEMM's inputs, "
+                                       "stochastic rounding of gradients, the last block's linear layers in "
+                                       "BF16"), overwrite=True)
 
 
 _builtin()

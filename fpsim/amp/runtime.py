@@ -12,6 +12,12 @@ GEMMs: every GEMM the model asks for — forward (:meth:`PolicyRuntime.matmul`, 
 device's block-FMA model (the bits of :func:`fpsim.mma.matmul`, through its low-overhead private entry
 ``fpsim.mma.gemm._matmul_values``; the policy's one operand format in, fp32 out, C inside the chain). The operands arrive already rounded by the policy's casts, each once; the GEMM's result is then cast
 like any other. :attr:`PolicyRuntime.mma_calls` counts the GEMMs run under the device model.
+
+Block-scaled GEMMs (``Policy.block``, a :class:`fpsim.amp.policy.BlockRecipe`: the MXFP8 and NVFP4 recipes) quantise
+both operands of each of the three GEMMs along its reduction axis (``_block_matmul``, ``_block_backward``), multiply
+with the block scales applied inside the product and NVFP4's tensor scales after it, and record per operand
+("<site>.x", ".w", ".dy", ".w_t", ".x_wgrad", ".dy_wgrad") how many values underflowed to zero and how many
+saturated (:attr:`PolicyRuntime.qstats`).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from ..rounding import round as fround
 from .anomaly import _ACTIVE, _watch
 from .policy import Policy
 
-__all__ = ["HIST_HI", "HIST_LO", "PolicyRuntime", "log2_histogram"]
+__all__ = ["HIST_HI", "HIST_LO", "PolicyRuntime", "log2_histogram", "random_hadamard"]
 
 _F32 = np.float32
 _FP32 = as_format("fp32")
@@ -49,6 +55,55 @@ def log2_histogram(x: np.ndarray) -> tuple[np.ndarray, int]:
     _, e = np.frexp(nz)                                   # |x| = m 2^e, m in [0.5, 1): binade e - 1
     b = np.clip(e.astype(np.int64) - 1 - HIST_LO, 0, HIST_HI - HIST_LO - 1)
     return np.bincount(b, minlength=HIST_HI - HIST_LO), int(a.size - nz.size)
+
+
+def _hadamard16() -> np.ndarray:
+    """Sylvester's 16x16 Hadamard matrix divided by 4 (orthonormal; every entry +-1/4, exact)."""
+    h = np.ones((1, 1))
+    for _ in range(4):
+        h = np.block([[h, h], [h, -h]])
+    out: np.ndarray = h / 4.0
+    return out
+
+
+_H16 = _hadamard16()
+
+
+@ieee_mode
+def random_hadamard(x: np.ndarray, signs: np.ndarray) -> np.ndarray:
+    """``T x`` on every group of 16 rows of ``x`` (rows a multiple of 16), ``T = (H16 / 4) diag(signs)``.
+
+    ``T`` is orthogonal (``Tᵀ T = I``), so transforming both inputs of ``Xᵀ dY`` along the rows leaves the
+    product unchanged in exact arithmetic: ``(T X)ᵀ (T dY) = Xᵀ dY``. Computed in float64, returned float32
+    (the transform's output is what gets quantised).
+
+    >>> import numpy as np
+    >>> x = np.arange(32.0).reshape(16, 2); s = np.ones(16)
+    >>> y = random_hadamard(x, s)
+    >>> bool(np.array_equal(y.T.astype(float) @ y.astype(float), x.T @ x))
+    True
+    """
+    a = np.asarray(x, dtype=np.float64)
+    if a.ndim != 2 or a.shape[0] % 16:
+        raise ValueError(f"random_hadamard needs a 2-D array whose rows are a multiple of 16, got shape {a.shape}")
+    sg = np.asarray(signs, dtype=np.float64)
+    if sg.shape != (16,) or not np.all(np.abs(sg) == 1):
+        raise ValueError(f"signs must be 16 values of +-1, got {signs!r}")
+    t = _H16 * sg[None, :]
+    y = np.einsum("ij,bjc->bic", t, a.reshape(-1, 16, a.shape[1])).reshape(a.shape)
+    out: np.ndarray = y.astype(np.float32)
+    return out
+
+
+def _pad(x: np.ndarray, axis: int, mult: int) -> np.ndarray:
+    """Zeros appended along ``axis`` up to a multiple of ``mult`` (zero rows add nothing to a product)."""
+    n = x.shape[axis]
+    extra = -n % mult
+    if not extra:
+        return x
+    w = [(0, 0)] * x.ndim
+    w[axis] = (0, extra)
+    return np.pad(x, w)
 
 
 @ieee_mode
@@ -94,6 +149,19 @@ class PolicyRuntime:
         self.amax_records: dict[str, int] = {}
         self.observer_updates: dict[str, int] = {}
         self._recomputing = False
+        #: Block-scaled operands' telemetry for this step (recording steps): site -> float64
+        #: ``[total, nonzero, underflow, subnormal, saturated, amax]`` of the elements, like :attr:`stats`.
+        self.qstats: dict[str, np.ndarray] = {}
+        #: The model's number of transformer blocks (set by the trainer): needed by ``BlockRecipe.bf16_last``.
+        self.n_layer: int | None = None
+        #: Block-scaled GEMMs run so far (any of the three GEMMs of a block-scaled layer).
+        self.block_calls = 0
+        blk = policy.block
+        #: The random signs of the Hadamard transform, drawn once from the seed (NVIDIA's recipe reuses one).
+        self.rht_signs: np.ndarray | None = None
+        if blk is not None and blk.hadamard:
+            self.rht_signs = np.where(np.random.default_rng([seed, 0x524854]).random(16) < 0.5, -1.0, 1.0)
+        self._bs_models: dict[tuple[str, str], Any] = {}
 
     # ------------------------------------------------------------------ casts
     def cast(self, x: np.ndarray, fmt: Format) -> np.ndarray:
@@ -163,6 +231,7 @@ class PolicyRuntime:
         self.hist_zeros = {}
         self.amax_records = {}
         self.observer_updates = {}
+        self.qstats = {}
 
     def end_step(self) -> None:
         """End of a training step: FP8 delayed scales take this step's amax (TE updates even on skipped steps)."""
@@ -251,7 +320,7 @@ class PolicyRuntime:
         such as the ledger's FLOP counter, sees one GEMM, not two).
         """
         pol = self.policy
-        fp8 = pol.fp8 is not None and kind in pol.fp8.kinds
+        fp8 = (pol.fp8 is not None and kind in pol.fp8.kinds) or self._block_on(site, kind)
         quant = pol.quant is not None and kind in pol.quant.kinds and (self.quant_active or self._calibrating)
         if fp8 or quant:
             out = np.asarray(type(self).matmul(self, a, b, site, kind)[0], np.float32)
@@ -280,6 +349,8 @@ class PolicyRuntime:
                 raw = raw + self.cast(bias, pol.params)
             out = self._forward_out(raw, site)
             return out, ("fp8", aq, bq, ainv, binv, site, bias is not None)
+        if self._block_on(site, kind):
+            return self._block_matmul(a, b, site, bias)
         if pol.quant is not None and kind in pol.quant.kinds and (self.quant_active or self._calibrating):
             return self._quant_matmul(a, b, site, bias)
         ac = self.cast(a, pol.activations)
@@ -345,6 +416,8 @@ class PolicyRuntime:
                                  hist="grad_w")
             dbias = self._bias_grad(d, gf, site) if has_bias else None
             return da, dw, dbias
+        if tag == "block":
+            return self._block_backward(dout, cache)
         raise ValueError(f"unknown matmul cache tag {tag!r}")
 
     def _bias_grad(self, d: np.ndarray, gf: Format, site: str) -> np.ndarray:
@@ -357,6 +430,159 @@ class PolicyRuntime:
         else:
             raw = self._gemm(np.swapaxes(ac, -1, -2), d)                     # (..., K, N)
         return self._gcast(raw, gf, f"{site}.dw", hist="grad_w" if ac.ndim == 2 else None)
+
+    # ------------------------------------------------------------------ block-scaled GEMMs (MXFP8, NVFP4)
+    def _block_on(self, site: str, kind: str) -> bool:
+        """Whether this GEMM is block-scaled: its kind is the recipe's and it is not in the last
+        ``bf16_last`` transformer blocks (sites ``"h<i>.…"``)."""
+        blk = self.policy.block
+        if blk is None or kind not in blk.kinds:
+            return False
+        if blk.bf16_last == 0:
+            return True
+        if not (site.startswith("h") and "." in site and site[1:site.index(".")].isdigit()):
+            return True
+        if self.n_layer is None:
+            raise RuntimeError("BlockRecipe.bf16_last needs the model's depth: set PolicyRuntime.n_layer "
+                               "(the trainer does)")
+        return int(site[1:site.index(".")]) < self.n_layer - blk.bf16_last
+
+    def _bq(self, x: np.ndarray, axis: int, fmt: Format, key: str, *, sr: bool = False,
+            tile2d: bool = False) -> tuple[np.ndarray, np.ndarray, np.float32]:
+        """Block-quantise a 2-D operand along ``axis`` (its length a multiple of the block): elements,
+        each element's block decode scale (float32, the shape of ``x``), the tensor decode scale."""
+        from ..scaling import mx_quantize, nvfp4_quantize  # same layer; deferred as the FP8 path does
+
+        blk = self.policy.block
+        assert blk is not None
+        mode = "sr" if sr else "rne"
+        rng = self.rng if sr else None
+        b = blk.block
+        if blk.scheme == "mxfp8":
+            el, sc = mx_quantize(x, fmt, block=b, axis=axis, scale_rounding=blk.scale_rounding, rounding=mode,
+                                 rng=rng)
+            g = np.float32(1.0)
+            sfull = np.repeat(np.asarray(sc, np.float32), b, axis=axis)
+        else:
+            if tile2d:
+                el, sc, g = nvfp4_quantize(x, block=(16, 16), rounding=mode, rng=rng,
+                                           four_over_six=blk.four_over_six)
+                sfull = np.repeat(np.repeat(np.asarray(sc, np.float32), 16, axis=0), 16, axis=1)
+            else:
+                el, sc, g = nvfp4_quantize(x, block=16, axis=axis, rounding=mode, rng=rng,
+                                           four_over_six=blk.four_over_six)
+                sfull = np.repeat(np.asarray(sc, np.float32), 16, axis=axis)
+        el = np.asarray(el, np.float32)
+        if self.recording and not self._recomputing:
+            self._qrecord(key, x, el, sfull, np.float32(g), fmt)
+        return el, sfull, np.float32(g)
+
+    def _qrecord(self, key: str, x: np.ndarray, el: np.ndarray, sfull: np.ndarray, g: np.float32,
+                 fmt: Format) -> None:
+        """Underflow (nonzero values quantised to 0) and saturation (values beyond the element format's
+        largest after scaling, clamped to it) of one block-quantised operand."""
+        nzx = x != 0
+        ael = np.abs(el)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            scaled = np.abs(x.astype(np.float64)) / (sfull.astype(np.float64) * np.float64(g))
+        under = int(np.count_nonzero(nzx & (el == 0)))
+        sat = int(np.count_nonzero((ael == fmt.max) & (scaled > fmt.max)))
+        sub = int(np.count_nonzero((ael > 0) & (ael < fmt.min_normal)))
+        amax = float(np.max(np.abs(x))) if x.size else 0.0
+        row = np.array([x.size, int(np.count_nonzero(nzx)), under, sub, sat, amax], dtype=np.float64)
+        old = self.qstats.get(key)
+        if old is None:
+            self.qstats[key] = row
+        else:
+            old[:5] += row[:5]
+            old[5] = max(old[5], amax)
+
+    def _bgemm(self, a: tuple[np.ndarray, np.ndarray, np.float32], b: tuple[np.ndarray, np.ndarray, np.float32],
+               fa: Format, fb: Format) -> np.ndarray:
+        """``A @ B`` of two block-quantised operands (A blocked along its columns, B along its rows): block
+        scales inside the product, the tensor scales after it (cuBLAS' ``alpha``); float32."""
+        blk = self.policy.block
+        assert blk is not None
+        self.block_calls += 1
+        ea, sa, ga = a
+        eb, sb, gb = b
+        alpha = np.float32(ga * gb)
+        if blk.gemm == "fast":
+            # element x block scale is exact in float32 (E4M3/E5M2 x 2^k; E2M1 x E4M3): the scaled operands
+            # are the values the hardware multiplies; float32 BLAS accumulates them
+            raw = np.asarray(_blas_matmul(ea * sa, eb * sb), np.float32)
+            return raw if alpha == 1 else (raw * alpha).astype(np.float32)
+        from ..mma import block_scaled_model, matmul_block_scaled  # L2, only for the bit-exact path
+
+        mk = (fa.name, fb.name)
+        m = self._bs_models.get(mk)
+        if m is None:
+            kind = "mxf8f6f4" if blk.scheme == "mxfp8" else "mxf4nvf4"
+            m = self._bs_models[mk] = block_scaled_model(blk.gemm, kind, fa, fb)
+        k = blk.block
+        acc = matmul_block_scaled(ea.astype(np.float64), eb.astype(np.float64), scale_a=sa[:, ::k],
+                                  scale_b=sb[::k, :], model=m)
+        # D = RN_fp32(RN_fp32(ga gb) * acc): the float64 product of two float32 values is exact
+        out: np.ndarray = (np.float64(alpha) * np.asarray(acc, np.float64)).astype(np.float32)
+        return out
+
+    def _block_matmul(self, a: np.ndarray, b: np.ndarray, site: str,
+                      bias: np.ndarray | None) -> tuple[np.ndarray, Any]:
+        pol = self.policy
+        blk = pol.block
+        assert blk is not None and blk.forward is not None
+        if b.ndim != 2:
+            raise ValueError(f"block-scaled GEMM {site!r}: the second operand must be a 2-D weight, "
+                             f"got shape {b.shape}")
+        ac = self.cast(a, pol.activations)
+        bc = self.cast(b, pol.params)
+        lead, k = ac.shape[:-1], ac.shape[-1]
+        n = bc.shape[1]
+        bk = blk.block
+        tile2d = blk.scheme == "nvfp4" and blk.weight_2d
+        xq = self._bq(_pad(ac.reshape(-1, k), 1, bk), 1, blk.forward, f"{site}.x")
+        wp = _pad(bc, 0, bk)
+        if tile2d:
+            wp = _pad(wp, 1, 16)
+        wq = self._bq(wp, 0, blk.forward, f"{site}.w", tile2d=tile2d)
+        raw = self._bgemm(xq, wq, blk.forward, blk.forward)[:, :n].reshape(lead + (n,))
+        if bias is not None:
+            raw = raw + self.cast(bias, pol.params)
+        out = self._forward_out(raw, site)
+        return out, ("block", ac, bc, wq if tile2d else None, site, bias is not None)
+
+    def _block_backward(self, dout: np.ndarray, cache: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        pol = self.policy
+        blk = pol.block
+        assert blk is not None and blk.forward is not None and blk.backward is not None
+        gf = pol.gradients
+        _, ac, bc, wq2d, site, has_bias = cache
+        k, n = bc.shape
+        bk = blk.block
+        d = self._gcast(dout, gf, f"{site}.dy", hist="grad_act")
+        d2 = d.reshape(-1, n)
+        x2 = ac.reshape(-1, k)
+        sr = blk.sr_gradients
+        # dX = dY Wᵀ: reduction over N
+        np_ = n + (-n % (16 if wq2d is not None else bk))
+        dyq = self._bq(_pad(d2, 1, bk) if wq2d is None else _pad(d2, 1, 16), 1, blk.backward, f"{site}.dy", sr=sr)
+        if wq2d is not None:  # the forward's 16x16-block weight, transposed: the same quantised values
+            el, sfull, g = wq2d
+            wt = (el.T, sfull.T, g)
+        else:
+            wt = self._bq(_pad(bc.T, 0, bk), 0, blk.forward, f"{site}.w_t")
+        assert dyq[0].shape[1] == wt[0].shape[0] == np_
+        dx = self._bgemm(dyq, wt, blk.backward, blk.forward)[:, :k].reshape(ac.shape)
+        da = self._gcast(dx, gf, f"{site}.dx")
+        # dW = Xᵀ dY: reduction over the tokens M; the random Hadamard transform acts along M
+        xm, dm = _pad(x2, 0, bk), _pad(d2, 0, bk)
+        if self.rht_signs is not None:
+            xm, dm = random_hadamard(xm, self.rht_signs), random_hadamard(dm, self.rht_signs)
+        xtq = self._bq(np.ascontiguousarray(xm.T), 1, blk.forward, f"{site}.x_wgrad")
+        dwq = self._bq(dm, 0, blk.backward, f"{site}.dy_wgrad", sr=sr)
+        dw = self._gcast(self._bgemm(xtq, dwq, blk.forward, blk.backward), gf, f"{site}.dw", hist="grad_w")
+        dbias = self._bias_grad(d, gf, site) if has_bias else None
+        return da, dw, dbias
 
     # ------------------------------------------------------------------ QAT / PTQ
     _calibrating = False
@@ -466,6 +692,8 @@ class PolicyRuntime:
             _, aq, amask, wq, wmask, site, _ = cache
             return [("a", aq, pol.activations), ("mask_a", amask, None), ("b", wq, pol.params),
                     ("mask_b", wmask, None)]
+        if tag == "block":
+            return [("a", cache[1], pol.activations), ("b", cache[2], pol.params)]
         raise ValueError(f"unknown matmul cache tag {tag!r}")
 
     # ------------------------------------------------------------------ checkpoints

@@ -249,6 +249,7 @@ def nvfp4_quantize(
     global_amax: float | None = None,
     rounding: RoundingLike = "rne",
     rng: np.random.Generator | None = None,
+    four_over_six: bool = False,
 ) -> tuple[Any, np.ndarray, np.float32]:
     """NVFP4: fp4_e2m1 elements in blocks of 16, an fp8_e4m3 scale per block, one fp32 scale per tensor.
 
@@ -262,8 +263,15 @@ def nvfp4_quantize(
 
     Decode: ``x ≈ q * d * s_dec`` (:func:`nvfp4_dequantize`). ``block=16`` runs along ``axis``;
     ``block=(16, 16)`` tiles the two trailing axes (TE's 2-D weight quantisation). ``rounding="sr"``
-    (with ``rng=``) rounds elements stochastically, as NVFP4 recipes do for gradients. Not modelled:
-    the random Hadamard transform.
+    (with ``rng=``) rounds elements stochastically, as NVFP4 recipes do for gradients. Not modelled
+    here: the random Hadamard transform (the trainer's ``nvfp4`` policy applies it before quantising).
+
+    ``four_over_six=True``: "Four over Six" (Cook et al., arXiv 2512.02010; rule as in their reference
+    code, mit-han-lab/fouroversix): the tensor scale uses 256 in place of E4M3's 448
+    (``s_enc = 256 * 6 / amax``), and each block is quantised twice, with its amax scaled to 6 (the
+    rule above) and to 4 (``d = e4m3(block_amax * s_enc / 4)``, at most 384: no saturation); the block
+    keeps the candidate whose dequantised values have the lower squared error (ties keep 6). With
+    ``rounding="sr"`` both candidates draw their own random numbers.
 
     NaN is confined to its block, as in MX: the tensor amax skips NaN (an ``fmaxf`` reduction, as
     TransformerEngine's amax kernel computes it), so one NaN does not poison the per-tensor scale;
@@ -299,21 +307,68 @@ def nvfp4_quantize(
         gam = _F32(np.fmax.reduce(np.abs(a32), axis=None)) if a32.size else _F32(0.0)
     else:
         gam = _F32(_check_real("global_amax", global_amax, 0.0))
+    if not isinstance(four_over_six, (bool, np.bool_)):
+        raise TypeError(f"four_over_six must be a bool, got {type(four_over_six).__name__}: {four_over_six!r}")
+    # 4/6 lowers the tensor scale's target from 448 to 256 so that a block scaled to 4 (its E4M3 scale
+    # 1.5 times larger) still fits E4M3: 256 * 1.5 = 384 <= 448.
+    top = _F32(256.0) if four_over_six else _F32(fp8.max)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        s_enc = _F32(min(_F32(_F32(fp8.max * fp4.max) / gam), _FLT_MAX))
+        s_enc = _F32(min(_F32(_F32(top * fp4.max) / gam), _FLT_MAX))
         if s_enc == 0:
             s_enc = _F32(1.0)
         s_dec = _F32(_F32(1.0) / s_enc)
-        mult = _F32(s_enc * _F32(1.0 / fp4.max))
         bam = np.asarray(amax(a32, block=full), dtype=_F32)
+    el, d = _nvfp4_candidate(a32, bam, s_enc, s_dec, fp4.max, full, rounding, rng)
+    if four_over_six:
+        el4, d4 = _nvfp4_candidate(a32, bam, s_enc, s_dec, 4.0, full, rounding, rng)
+        with np.errstate(over="ignore", invalid="ignore"):
+            e6 = _block_sq_err(a32, el, d, s_dec, full)
+            e4 = _block_sq_err(a32, el4, d4, s_dec, full)
+        pick4 = e4 < e6                                     # NaN errors (NaN blocks) keep the rule of 6
+        d = np.where(pick4, d4, d).astype(_F32)
+        el = np.where(_expand(pick4, full, a32.shape), el4, el)
+    return el.astype(a.dtype, copy=False), d, s_dec
+
+
+def _expand(per_block: np.ndarray, full: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray:
+    """A per-block array repeated over each block's elements (``full`` the per-axis block shape)."""
+    out = per_block
+    for ax, b in enumerate(full):
+        if b > 1:
+            out = np.repeat(out, b, axis=ax)
+    return np.broadcast_to(out, shape)
+
+
+def _nvfp4_candidate(a32: np.ndarray, bam: np.ndarray, s_enc: np.float32, s_dec: np.float32, target: float,
+                     full: tuple[int, ...], rounding: RoundingLike,
+                     rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray]:
+    """Elements (float32) and E4M3 block scales with each block's amax scaled to ``target`` (6, or 4)."""
+    fp4 = as_format("fp4_e2m1")
+    fp8 = as_format("fp8_e4m3")
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        mult = _F32(s_enc * _F32(1.0 / target))
         d32 = np.minimum((bam * mult).astype(_F32), _FLT_MAX)
         d32 = np.clip(d32, -fp8.max, fp8.max).astype(_F32)
         d = np.asarray(_round(d32, fp8, "rne", overflow="saturate"), dtype=_F32)
         enc = np.minimum((_F32(1.0) / (d * s_dec).astype(_F32)).astype(_F32), _FLT_MAX).astype(_F32)
         scaled = _apply(a32, enc, None, full, np.multiply).astype(_F32, copy=False)
     _presaturate(scaled, fp4)
-    el = np.asarray(_round(scaled, fp4, rounding, overflow="saturate", rng=rng)).astype(a.dtype, copy=False)
-    return el, d, s_dec
+    el = np.asarray(_round(scaled, fp4, rounding, overflow="saturate", rng=rng), dtype=_F32)
+    return el, d
+
+
+def _block_sq_err(a32: np.ndarray, el: np.ndarray, d: np.ndarray, s_dec: np.float32,
+                  full: tuple[int, ...]) -> np.ndarray:
+    """Sum over each block of (dequantised - x)**2, in float64 (the selection criterion of 4/6)."""
+    s = (d.astype(np.float64) * np.float64(s_dec))
+    deq = el.astype(np.float64) * _expand(s, full, a32.shape)
+    err = (deq - a32.astype(np.float64)) ** 2
+    # sum over each block: reshape every axis n into (n / b, b) and sum the b axes
+    shp: list[int] = []
+    for n, b in zip(a32.shape, full):
+        shp += [n // b, b]
+    out: np.ndarray = err.reshape(shp).sum(axis=tuple(range(1, 2 * a32.ndim, 2)))
+    return out
 
 
 @ieee_mode

@@ -192,6 +192,9 @@ class History:
     ``underflow_fraction``, ``subnormal_fraction``, ``overflow``, ``amax``. Sites are
     ``"<gemm site>.dy"`` (gradient entering a GEMM's backward, i.e. an activation gradient),
     ``".dx"`` (its result), ``".dw"`` (weight gradient), ``".db"`` (bias gradient), ``"<op site>.grad"``.
+    Block-scaled GEMMs (``Policy.block``) add one site per quantised operand, ``"<gemm site>.<operand>:q"``
+    (operands ``x``, ``w``, ``dy``, ``w_t``, ``x_wgrad``, ``dy_wgrad``), with ``overflow`` the count and
+    ``saturation_fraction`` the share of nonzero values that saturated at the element format's largest.
     Per weight: ``by_weight[name]`` lists the lost-update fraction of each parameter tensor.
 
     Histograms (when requested): ``hist_step`` and ``hist[key]`` (key ``"grad_act"``, ``"grad_w"``,
@@ -339,6 +342,7 @@ class Trainer:
         if init is not None:  # names, shapes, float dtypes and finite values, before any work
             _check_params(init, m, "init", finite=True)
         self.runtime = self.policy.runtime(seed=config.seed)
+        self.runtime.n_layer = m.n_layer  # BlockRecipe.bf16_last counts blocks from the end
         params = init if init is not None else init_params(m, seed=config.seed)
         self.store = MasterWeights(params, self.policy, self.runtime)
         kw: dict[str, Any] = {"lr": config.lr, "weight_decay": config.weight_decay}
@@ -463,6 +467,14 @@ class Trainer:
                 self.history._append_tensor(site, "subnormal_fraction", float(v[3] / nzs))
                 self.history._append_tensor(site, "overflow", float(v[4]))
                 self.history._append_tensor(site, "amax", float(v[5]))
+            # block-scaled operands (MXFP8, NVFP4): sites "<gemm>.x:q" etc., kept out of the gradient totals
+            for site, v in getattr(rt, "qstats", {}).items():
+                nzs = v[1] if v[1] else 1.0
+                self.history._append_tensor(f"{site}:q", "underflow_fraction", float(v[2] / nzs))
+                self.history._append_tensor(f"{site}:q", "subnormal_fraction", float(v[3] / nzs))
+                self.history._append_tensor(f"{site}:q", "overflow", float(v[4]))
+                self.history._append_tensor(f"{site}:q", "saturation_fraction", float(v[4] / nzs))
+                self.history._append_tensor(f"{site}:q", "amax", float(v[5]))
         n = len(d["step"])
         for k, f in lost.items():
             lst = d["by_weight"].setdefault(k, [])
