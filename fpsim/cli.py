@@ -285,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _register_extensions() -> dict[str, tuple[Callable[..., None], None]]:
     """Subcommands provided by higher layers (demo, probe) register here when present."""
     ext: dict[str, tuple[Callable[..., None], None]] = {}
-    for modname in ("fpsim.train.cli", "fpsim.gpu.cli", "fpsim.plan.cli", "fpsim.audit"):
+    for modname in ("fpsim.train.cli", "fpsim.gpu.cli", "fpsim.plan.cli", "fpsim.audit", "fpsim.testing.vectors"):
         try:
             mod = __import__(modname, fromlist=["register_cli"])
         except ImportError:
