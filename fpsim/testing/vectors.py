@@ -14,7 +14,10 @@ Each table goes to ``NAME.bin`` (packed little-endian fixed records) and ``NAME.
 a NumPy structured array), and ``manifest.json`` says what is where: fpsim's version, the format's
 layout, the modes, the record layout, the counts per category and the SHA-256 of every file. Every file is
 written to a temporary name beside its target and moved into place (``os.replace``), the manifest last.
-``docs/golden-vectors.md`` documents the layout for a reader in another language.
+``write_gemm_vectors(preset, out_dir)`` (``fpsim vectors --gemm PRESET``) writes (A, B, C, D) rows of
+a matrix-unit preset the same way: random rows and adversarial ones (cancellation, alignment shifts,
+subnormals, overflow, a dominant C). ``docs/golden-vectors.md`` documents the layout for a reader in
+another language.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from ..bits import from_bits, to_bits
 from ..formats import Format, as_format
 from ..rounding import round as _round
 
-__all__ = ["write_vectors", "CAST_DTYPE", "DECODE_DTYPE", "CATEGORIES"]
+__all__ = ["write_vectors", "write_gemm_vectors", "CAST_DTYPE", "DECODE_DTYPE", "CATEGORIES", "GEMM_CATEGORIES"]
 
 #: One cast record, 24 bytes: the input's bits (float32 zero-extended, or float64), the output value as
 #: float64 bits, the output code, the input's category (an index into CATEGORIES).
@@ -283,7 +286,11 @@ def register_cli(subparsers: Any) -> None:
         description="Write the exhaustive decode table and the cast vectors (every value, tie, tie +- 1 ulp, "
                     "edge, special and a seeded random sample) of a format, as packed little-endian records "
                     "and .npy, with a JSON manifest (layout, counts, SHA-256): docs/golden-vectors.md.")
-    s.add_argument("format", metavar="FORMAT", help="target format (fpsim formats lists them; not fp64)")
+    s.add_argument("format", metavar="FORMAT", nargs="?", default=None,
+                   help="target format (fpsim formats lists them; not fp64); omit with --gemm")
+    s.add_argument("--gemm", default=None, metavar="PRESET",
+                   help="write (A, B, C, D) rows of a matrix-unit preset instead ('a100:fp16:fp32'; fpsim devices)")
+    s.add_argument("--rows", type=int, default=1000, metavar="N", help="--gemm rows per category (default 1000)")
     s.add_argument("--rounding", "-r", default="rne", metavar="MODE",
                    help="rounding mode (default rne): rne, rna, rtz, rup, rdn, rto")
     s.add_argument("--overflow", default="ieee", metavar="POLICY", help="overflow policy: ieee (default), saturate")
@@ -294,6 +301,15 @@ def register_cli(subparsers: Any) -> None:
 
 
 def _cmd_vectors(args: Any) -> int:
+    if (args.gemm is None) == (args.format is None):
+        raise ValueError("give a FORMAT (cast vectors) or --gemm PRESET (matrix-unit rows), not both or neither")
+    if args.gemm is not None:
+        m = write_gemm_vectors(args.gemm, args.out, rows=args.rows, seed=args.seed)
+        t = m["tables"]["gemm"]
+        print(f"gemm: {t['records']:,} rows of K = {t['K']} ({t['record_bytes']} bytes) -> "
+              f"{', '.join(os.path.join(args.out, x) for x in t['files'])}")
+        print(f"manifest: {os.path.join(args.out, 'manifest.json')}")
+        return 0
     m = write_vectors(args.format, args.out, rounding=args.rounding, overflow=args.overflow,
                       n_random=args.random, seed=args.seed)
     for name, t in m["tables"].items():
@@ -301,3 +317,130 @@ def _cmd_vectors(args: Any) -> int:
               f"{', '.join(os.path.join(args.out, x) for x in t['files'])}")
     print(f"manifest: {os.path.join(args.out, 'manifest.json')}")
     return 0
+
+
+GEMM_CATEGORIES = ("random", "cancellation", "alignment", "subnormal", "overflow", "c_dominant")
+
+
+def _gemm_inputs(model: Any, rows: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                            np.ndarray]:
+    """float64 (a, b, c, category) rows before rounding into the model's formats: ``rows`` of each
+    category. Adversarial kinds: cancellation (products in +-pairs plus a small remainder), alignment
+    shifts (one product 2**s times larger than the rest, s over the accumulator's width and beyond),
+    subnormal inputs, overflow (products near the output's largest value), and a C that dwarfs the sum."""
+    fin, fout = model.input, model.output
+    k = int(model.k)
+    emax_in = int(np.floor(np.log2(float(fin.max))))
+    parts = []
+    for ci, cat in enumerate(GEMM_CATEGORIES):
+        a = rng.standard_normal((rows, k))
+        b = rng.standard_normal((rows, k))
+        c = rng.standard_normal(rows)
+        if cat == "cancellation":
+            h = k // 2
+            b[:, h:2 * h] = -b[:, :h] * np.where(rng.random((rows, 1)) < 0.5, 1.0, 1.0 + 2.0**-6)
+            a[:, h:2 * h] = a[:, :h]
+            c = c * 2.0**-12
+        elif cat == "alignment":
+            s = rng.integers(0, 2 * (fout.mbits + 4), rows)
+            a[:, 0] = np.exp2(np.minimum(s // 2, emax_in - 1)) * np.sign(a[:, 0])
+            b[:, 0] = np.exp2(np.minimum(s - s // 2, emax_in - 1)) * np.sign(b[:, 0])
+        elif cat == "subnormal":
+            tiny = float(fin.min_subnormal) if fin.min_subnormal else float(fin.min_normal)
+            a = np.round(a * 4) * tiny
+            c = c * float(fout.min_normal)
+        elif cat == "overflow":
+            big = float(np.sqrt(float(fout.max) / k)) * 1.5
+            a = np.sign(a) * min(big, float(fin.max)) * (1 - rng.random((rows, k)) / 4)
+            b = np.sign(b) * min(big, float(fin.max)) * (1 - rng.random((rows, k)) / 4)
+        elif cat == "c_dominant":
+            c = c * 2.0 ** min(40, int(np.log2(float(fout.max))) - 2)
+        parts.append((a, b, c, np.full(rows, ci, np.uint32)))
+    a = np.concatenate([p[0] for p in parts])
+    b = np.concatenate([p[1] for p in parts])
+    c = np.concatenate([p[2] for p in parts])
+    cat = np.concatenate([p[3] for p in parts])
+    return a, b, c, cat
+
+
+@ieee_mode
+def write_gemm_vectors(preset: str, out_dir: str | os.PathLike[str], *, rows: int = 1000,
+                       seed: int = 0) -> dict[str, Any]:
+    """Write (A, B, C, D) rows of a matrix-unit preset: ``D = C + sum_k a[k] * b[k]`` over one block of
+    ``K = model.k`` terms, as :func:`fpsim.mma.dot` computes it under the preset.
+
+    Parameters
+    ----------
+    preset : str
+        ``"device:input[:output]"`` as :func:`fpsim.mma.as_model` takes it (``"a100:fp16:fp32"``).
+    out_dir : path
+        Folder for ``gemm.bin``, ``gemm.npy`` and ``manifest.json``.
+    rows : int
+        Rows per category (random, cancellation, alignment, subnormal, overflow, c_dominant).
+    seed : int
+        Seed of the rows.
+
+    Returns
+    -------
+    dict
+        The manifest.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from fpsim.testing.vectors import write_gemm_vectors
+    >>> m = write_gemm_vectors("a100:fp16:fp32", tempfile.mkdtemp(), rows=10)
+    >>> m["tables"]["gemm"]["records"], m["tables"]["gemm"]["K"], m["tables"]["gemm"]["record_bytes"]
+    (60, 8, 76)
+    """
+    from ..mma import as_model
+    from ..mma import dot as _mma_dot
+
+    if not isinstance(preset, str):
+        raise TypeError(f"preset must be a string 'device:input[:output]', got {type(preset).__name__}: {preset!r}")
+    model = as_model(preset)
+    if isinstance(rows, (bool, np.bool_)) or not isinstance(rows, (int, np.integer)) or rows < 1:
+        raise ValueError(f"rows must be an int >= 1, got {rows!r}")
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}: {seed!r}")
+    fin, fout = model.input, model.output
+    if fin.width > 32 or fout.width > 32:
+        raise ValueError(f"gemm vectors hold inputs and outputs of up to 32 bits; {model.name} has "
+                         f"{fin.name} -> {fout.name}")
+    k = int(model.k)
+    a64, b64, c64, cat = _gemm_inputs(model, int(rows), np.random.default_rng(int(seed)))
+    with np.errstate(all="ignore"):
+        a = np.asarray(_round(a64, fin, "rne", overflow="saturate"), dtype=np.float64)
+        b = np.asarray(_round(b64, fin, "rne", overflow="saturate"), dtype=np.float64)
+        c = np.asarray(_round(c64, fout, "rne", overflow="saturate"), dtype=np.float64)
+        d = np.asarray(_mma_dot(a, b, c, model), dtype=np.float64)
+        rec_dt = np.dtype([("a", "<u4", (k,)), ("b", "<u4", (k,)), ("c", "<u4"), ("d", "<u4"),
+                           ("category", "<u4")])
+        g = np.zeros(a.shape[0], rec_dt)
+        g["a"] = np.asarray(to_bits(a, fin)).astype(np.uint32)
+        g["b"] = np.asarray(to_bits(b, fin)).astype(np.uint32)
+        g["c"] = np.asarray(to_bits(c, fout)).astype(np.uint32)
+        g["d"] = np.asarray(to_bits(d, fout)).astype(np.uint32)
+    g["category"] = cat
+    files = {"gemm.bin": g.tobytes(), "gemm.npy": _npy_bytes(g)}
+    from .. import __version__
+
+    os.makedirs(out_dir, exist_ok=True)
+    for name, data in files.items():
+        _write_atomic(os.path.join(out_dir, name), data)
+    fields = [{"name": "a", "type": "u32", "count": k, "offset": 0},
+              {"name": "b", "type": "u32", "count": k, "offset": 4 * k},
+              {"name": "c", "type": "u32", "offset": 8 * k}, {"name": "d", "type": "u32", "offset": 8 * k + 4},
+              {"name": "category", "type": "u32", "offset": 8 * k + 8}]
+    manifest = {
+        "fpsim_version": str(__version__), "kind": "gemm", "preset": preset, "model": repr(model),
+        "input_format": _spec(fin), "output_format": _spec(fout), "seed": int(seed),
+        "byte_order": "little", "operation": "d = c + sum_k a[k] * b[k] (one block of K terms, fpsim.mma.dot)",
+        "tables": {"gemm": {"records": int(g.size), "record_bytes": rec_dt.itemsize, "K": k, "fields": fields,
+                            "files": list(files), "categories": list(GEMM_CATEGORIES),
+                            "counts": {cn: int(np.sum(cat == i)) for i, cn in enumerate(GEMM_CATEGORIES)}}},
+        "sha256": {name: hashlib.sha256(data).hexdigest() for name, data in files.items()},
+        "sizes": {name: len(data) for name, data in files.items()},
+    }
+    _write_atomic(os.path.join(out_dir, "manifest.json"), json.dumps(manifest, indent=2).encode())
+    return manifest
