@@ -36,7 +36,7 @@ from ..rounding import Overflow, Rounding, RoundingLike, as_overflow, as_roundin
 from ..rounding import round as _round
 from ._convert import to_float64
 from .reveal import reveal_dot_order, reveal_order
-from .vectors import write_vectors
+from .vectors import write_gemm_vectors, write_vectors
 
 __all__ = [
     "assert_matmul_matches",
@@ -45,6 +45,7 @@ __all__ = [
     "assert_ulp_close",
     "reveal_dot_order",
     "reveal_order",
+    "write_gemm_vectors",
     "write_vectors",
     "ulp_distance",
 ]

@@ -99,7 +99,7 @@ def _f32(x: np.ndarray) -> np.ndarray:
     """The float64 values that float32 holds exactly, as float32."""
     with np.errstate(over="ignore"):
         y = x.astype(np.float32)
-    return y[y.astype(np.float64) == x]
+    return np.asarray(y[y.astype(np.float64) == x])
 
 
 def _inputs32(f: Format, rng: np.random.Generator, n_random: int) -> tuple[np.ndarray, np.ndarray]:
@@ -162,7 +162,7 @@ def _canon_bits(v: np.ndarray) -> np.ndarray:
     """float64 bits of the values, every NaN as the one quiet NaN 0x7FF8000000000000."""
     b = np.ascontiguousarray(v, dtype=np.float64).view(np.uint64).copy()
     b[np.isnan(v)] = np.uint64(0x7FF8000000000000)
-    return b
+    return np.asarray(b)
 
 
 @ieee_mode
@@ -332,28 +332,28 @@ def _gemm_inputs(model: Any, rows: int, rng: np.random.Generator) -> tuple[np.nd
     k = int(model.k)
     emax_in = int(np.floor(np.log2(float(fin.max))))
     parts = []
-    for ci, cat in enumerate(GEMM_CATEGORIES):
+    for ci, kind in enumerate(GEMM_CATEGORIES):
         a = rng.standard_normal((rows, k))
         b = rng.standard_normal((rows, k))
         c = rng.standard_normal(rows)
-        if cat == "cancellation":
+        if kind == "cancellation":
             h = k // 2
             b[:, h:2 * h] = -b[:, :h] * np.where(rng.random((rows, 1)) < 0.5, 1.0, 1.0 + 2.0**-6)
             a[:, h:2 * h] = a[:, :h]
             c = c * 2.0**-12
-        elif cat == "alignment":
+        elif kind == "alignment":
             s = rng.integers(0, 2 * (fout.mbits + 4), rows)
             a[:, 0] = np.exp2(np.minimum(s // 2, emax_in - 1)) * np.sign(a[:, 0])
             b[:, 0] = np.exp2(np.minimum(s - s // 2, emax_in - 1)) * np.sign(b[:, 0])
-        elif cat == "subnormal":
+        elif kind == "subnormal":
             tiny = float(fin.min_subnormal) if fin.min_subnormal else float(fin.min_normal)
             a = np.round(a * 4) * tiny
             c = c * float(fout.min_normal)
-        elif cat == "overflow":
+        elif kind == "overflow":
             big = float(np.sqrt(float(fout.max) / k)) * 1.5
             a = np.sign(a) * min(big, float(fin.max)) * (1 - rng.random((rows, k)) / 4)
             b = np.sign(b) * min(big, float(fin.max)) * (1 - rng.random((rows, k)) / 4)
-        elif cat == "c_dominant":
+        elif kind == "c_dominant":
             c = c * 2.0 ** min(40, int(np.log2(float(fout.max))) - 2)
         parts.append((a, b, c, np.full(rows, ci, np.uint32)))
     a = np.concatenate([p[0] for p in parts])
