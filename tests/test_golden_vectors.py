@@ -217,3 +217,14 @@ def test_gemm_vectors_against_mmasim(dev: str, inp: str, out: str, tmp_path: Any
     assert int((~_same(d, np.asarray(mma_dot(a, b, c, preset), dtype=np.float64))).sum()) == 0
     cats = man2["tables"]["gemm"]["counts"]
     assert all(v == 150 for v in cats.values()) and len(cats) == 6
+
+
+def test_cli_refusals(tmp_path: Any, capsys: Any) -> None:
+    from fpsim.cli import main
+
+    assert main(["vectors", "--out", str(tmp_path)]) == 2
+    assert "FORMAT" in capsys.readouterr().err
+    assert main(["vectors", "fp99", "--out", str(tmp_path)]) == 2
+    assert "valid names" in capsys.readouterr().err
+    assert main(["vectors", "--gemm", "nope:fp16", "--out", str(tmp_path)]) == 2
+    assert not list(tmp_path.iterdir())

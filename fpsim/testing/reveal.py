@@ -578,7 +578,9 @@ def reveal_order(fn: Callable[[np.ndarray], Any], n: int, dtype: Any = np.float3
     ----------
     fn : callable
         ``fn(x)`` for a 1-D array ``x`` of ``n`` values of ``dtype`` returns their sum (a number, a 0-d
-        or one-element array, a torch scalar). Reveal a dot product with ``lambda x: np.dot(x, ones)``,
+        or one-element array, a torch scalar). The probes share one buffer, changed between calls
+        (``fn`` must not keep a reference to ``x``; one that writes into it is detected and probed
+        again with a copy per call). Reveal a dot product with ``lambda x: np.dot(x, ones)``,
         or use :func:`reveal_dot_order`.
     n : int
         Number of terms.
