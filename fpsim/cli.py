@@ -288,13 +288,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 #: Subcommands provided by higher layers: name -> (module with ``register_cli``, the one-line help of
 #: ``fpsim --help``). Kept here so that ``fpsim --help`` and ``fpsim round`` import none of them;
-#: tests/test_cli_lazy.py checks each line against what the module registers.
+#: tests/test_lazy_import.py checks each line against what the module registers.
 _EXTENSIONS: dict[str, tuple[str, str]] = {
     "demo": ("fpsim.train.cli", "train a tiny GPT under every precision policy and write a report"),
     "probe": ("fpsim.gpu.cli", "identify this GPU's Tensor Core arithmetic (needs CuPy and CUDA)"),
     "plan": ("fpsim.plan.cli", "memory per device and compute for training a model (ZeRO, checkpointing, "
                                "Chinchilla)"),
     "audit": ("fpsim.audit", "audit a safetensors checkpoint for low-precision casts (FP8, MXFP4, NVFP4, ...)"),
+    "vectors": ("fpsim.testing.vectors", "write golden vectors of the casts into a format (binary, .npy, JSON "
+                                         "manifest)"),
 }
 
 

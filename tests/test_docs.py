@@ -111,7 +111,8 @@ def test_doctest_blocks_become_code():
     assert "<p>After.</p>" in html
 
 
-@pytest.mark.parametrize("page", ["index.md", "getting-started.md", "split-precision.md"])
+@pytest.mark.parametrize("page", ["index.md", "getting-started.md", "split-precision.md", "golden-vectors.md",
+                                  "reveal-order.md"])
 def test_examples_in_pages_run(page):
     """The ``>>>`` examples of the hand-written pages are doctests (state carries over between blocks)."""
     import doctest

@@ -578,3 +578,140 @@ def builtins_sum(it: Any) -> Any:
     for v in it:
         out = out + v
     return out
+
+
+# --- issue 29 §2: batched probes, sums of squares, fma-fused dot products -----------------------------
+
+@pytest.mark.parametrize("n", [1, 2, 7, 20, 100, 300, 1000])
+def test_batched_matches_one_by_one(n: int) -> None:
+    """The batched probe (pivot queries as the rows of one call) reveals the same tree as one call per
+    query, for NumPy's row sums (which sum each contiguous row as the 1-D sum does, NumPy 2.x)."""
+    calls = [0]
+
+    def rows(x: np.ndarray) -> np.ndarray:
+        calls[0] += 1
+        return np.sum(x, axis=1)
+
+    tree = reveal_order(rows, n, verify=32, batched=True)
+    assert tree == reveal_order(np.sum, n, verify=0)
+    assert calls[0] <= n + 2 + 1  # one call per pivot at most, the all-ones check, the verify batch
+
+
+def test_batched_refuses_a_wrong_shape() -> None:
+    with pytest.raises(TypeError, match="batched=True"):
+        reveal_order(lambda X: float(np.sum(X)), 20, batched=True)
+    with pytest.raises(TypeError, match="batched must be a bool"):
+        reveal_order(np.sum, 20, batched=1)  # type: ignore[arg-type]
+
+
+def _python_sq_loop(x: np.ndarray) -> Any:
+    s = x[0] * x[0]
+    for v in x[1:]:
+        s = s + v * v  # the square rounded to the dtype, then added: unfused
+    return s
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("n", [1, 2, 7, 20, 100, 300])
+def test_sum_of_squares_numpy(n: int, dt: Any) -> None:
+    """np.sum(x * x) is NumPy's pairwise sum (8 strided lanes in blocks of 128, halves above) of the
+    rounded squares: the triplet probe must find exactly the tree the signed probe finds for np.sum,
+    unfused, and the replay must match on 2,000 fresh random inputs."""
+    tree = reveal_order(lambda x: np.sum(x * x), n, dt, terms="squares")
+    assert tree.root == reveal_order(np.sum, n, dt, verify=0).root
+    x = _random_inputs(n, 2000, np.dtype(dt), np.random.default_rng(5))
+    got = np.array([np.sum(r * r) for r in x], dtype=np.float64)
+    want = fpsim.dot(x, x, _fmt(dt), order=tree, fused=True)
+    assert int((~_same_bits(got, want)).sum()) == 0
+
+
+@pytest.mark.parametrize("n", [1, 5, 40])
+def test_sum_of_squares_loop_and_norm(n: int) -> None:
+    """A Python loop of rounded squares is a running sum; its square root (a hand-written 2-norm) is
+    revealed as the same tree."""
+    t = reveal_order(_python_sq_loop, n, np.float32, terms="squares")
+    assert t.root == SumTree.sequential(n).root
+    t2 = reveal_order(lambda x: np.sqrt(_python_sq_loop(x)), n, np.float32, terms="squares")
+    assert t2.root == t.root
+
+
+def test_sum_of_squares_refusals() -> None:
+    with pytest.raises(ValueError, match="not a sum of squares"):
+        reveal_order(np.sum, 10, terms="squares")          # a plain sum: x[0] alone gives x[0], not x[0]**2
+    with pytest.raises(ValueError, match="float32 or float64"):
+        reveal_order(lambda x: np.sum(x * x), 10, np.float16, terms="squares")
+    with pytest.raises(ValueError, match="terms"):
+        reveal_order(np.sum, 10, terms="cubes")
+
+
+@pytest.mark.parametrize("n", [8, 64, 67, 1000])
+def test_torch_vector_norm(n: int) -> None:
+    """torch.linalg.vector_norm on CPU (the clip_grad_norm_ kernel, fitted by hand in fpsim.amp.clip):
+    8 strided lanes of unfused squares over x[0:n - n % 8], the lane sums added one by one, then the
+    tail; revealed with no fitting, and replayed bit for bit on 2,000 random vectors."""
+    torch = pytest.importorskip("torch")
+    torch.set_num_threads(1)
+
+    def norm(x: np.ndarray) -> Any:
+        return torch.linalg.vector_norm(torch.from_numpy(x)).item()
+
+    tree = reveal_order(norm, n, np.float32, terms="squares")
+    m = n - n % 8
+    lanes = SumTree.lanes(m, 8, combine="sequential").root
+    want: Any = lanes
+    for k in range(m, n):
+        want = (want, k)
+    assert tree.root == want
+    x = _random_inputs(n, 2000, np.dtype(np.float32), np.random.default_rng(6))
+    got = np.array([norm(r) for r in x], dtype=np.float64)
+    rep = np.sqrt(np.asarray(fpsim.dot(x, x, "fp32", order=tree, fused=True), dtype=np.float32))
+    assert int((~_same_bits(got, rep)).sum()) == 0
+    # and the hand-fitted replay in fpsim.amp agrees with the revealed one
+    from fpsim.amp.clip import _norm2
+    assert all(float(_norm2(r)) == g for r, g in zip(x[:200], got[:200]))
+
+
+def _mpfr_fma_chain(order: str) -> Callable[[np.ndarray, np.ndarray], float]:
+    """A hand-built float32 dot: a chain of fused multiply-adds, each rounded once by MPFR (24 bits, the
+    float32 exponent range), independent of fpsim. order "forward": s = fma(a[k], b[k], s) from k = 0;
+    "pairs": two fma chains over the even and odd terms, added at the end."""
+    gmpy2 = pytest.importorskip("gmpy2")
+
+    def ctx() -> Any:
+        return gmpy2.context(precision=24, emin=-148, emax=128, subnormalize=True)
+
+    def chain(a: np.ndarray, b: np.ndarray, idx: range) -> Any:
+        with ctx():
+            s = gmpy2.mpfr(0)
+            for k in idx:
+                s = gmpy2.fma(gmpy2.mpfr(float(a[k])), gmpy2.mpfr(float(b[k])), s)
+            return s
+
+    def dot(a: np.ndarray, b: np.ndarray) -> float:
+        n = a.size
+        if order == "forward":
+            return float(chain(a, b, range(n)))
+        with ctx():
+            return float(chain(a, b, range(0, n, 2)) + chain(a, b, range(1, n, 2)))
+
+    return dot
+
+
+@pytest.mark.parametrize("n", [3, 16, 33])
+def test_fma_chain_dot(n: int) -> None:
+    """Dot products whose leaves are fused: a hand-built FMA chain (MPFR) reveals as a running sum and
+    replays with fused=True on 2,000 random pairs; two interleaved chains as two strided lanes. With
+    fused=False the verification finds the nodes are fused (no annotation fits)."""
+    fwd = _mpfr_fma_chain("forward")
+    tree = reveal_dot_order(fwd, n, np.float32, fused=True)
+    assert tree.root == SumTree.sequential(n).root and "unfused" not in tree.describe()
+    g = np.random.default_rng(7)
+    a = _random_inputs(n, 2000, np.dtype(np.float32), g)
+    b = _random_inputs(n, 2000, np.dtype(np.float32), g)[::-1].copy()
+    got = np.array([fwd(u, v) for u, v in zip(a, b)])
+    rep = fpsim.dot(a, b, "fp32", order=tree, fused=True)
+    assert int((~_same_bits(got, rep)).sum()) == 0
+    if n < 4:
+        return  # a lane of one term adds a rounded product: not a fused node, so no 2-lane tree here
+    two = reveal_dot_order(_mpfr_fma_chain("pairs"), n, np.float32, fused=True)
+    assert two.root == SumTree.lanes(n, 2, combine="sequential").root

@@ -40,6 +40,7 @@ from ..rounding import Overflow, Rounding, RoundingLike, as_overflow, as_roundin
 from ..rounding import round as _round
 from ._convert import to_float64
 from .reveal import reveal_dot_order, reveal_order
+from .vectors import write_gemm_vectors, write_vectors
 
 if TYPE_CHECKING:
     from ._identify import Identification, Rejection, candidate_space, identify_accumulator
@@ -58,6 +59,8 @@ __all__ = [
     "identify_accumulator",
     "reveal_dot_order",
     "reveal_order",
+    "write_gemm_vectors",
+    "write_vectors",
     "ulp_distance",
 ]
 
