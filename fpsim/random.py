@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from ._fpenv import ieee_mode
+
 __all__ = ["Philox", "philox_words"]
 
 _M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
@@ -43,6 +45,7 @@ def _rounds(c: np.ndarray, key: int, rounds: int = 10) -> np.ndarray:
     return np.stack([c0, c1, c2, c3], axis=-1).astype(np.uint32)
 
 
+@ieee_mode
 def philox_words(key: int, start: int, n: int) -> np.ndarray:
     """Words ``start .. start + n - 1`` of the Philox4x32-10 stream of ``key`` (the NumPy reference).
 
@@ -75,6 +78,7 @@ def _check_uint(name: str, v: Any, top: int | None) -> int:
     return i
 
 
+@ieee_mode
 class Philox:
     """A Philox4x32-10 random stream for ``rounding="sr"``: ``rng=fpsim.random.Philox(seed)``.
 

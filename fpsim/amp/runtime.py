@@ -90,7 +90,7 @@ def random_hadamard(x: np.ndarray, signs: np.ndarray) -> np.ndarray:
     if sg.shape != (16,) or not np.all(np.abs(sg) == 1):
         raise ValueError(f"signs must be 16 values of +-1, got {signs!r}")
     t = _H16 * sg[None, :]
-    y = np.einsum("ij,bjc->bic", t, a.reshape(-1, 16, a.shape[1])).reshape(a.shape)
+    y = np.asarray(_blas_matmul(t, a.reshape(-1, 16, a.shape[1]))).reshape(a.shape)  # t @ each 16-row block
     out: np.ndarray = y.astype(np.float32)
     return out
 

@@ -32,6 +32,7 @@ from functools import lru_cache
 
 from ._compile import CUPY_APPENDS, compile_options
 from ._nvrtc import NVRTC, CompileResult, load_nvrtc, parse_arch
+from .._fpenv import ieee_mode
 
 __all__ = ["ARCHS", "Check", "Kernel", "catalogue", "check", "judge", "main", "nvrtc_options", "presets_for", "table"]
 
@@ -45,6 +46,7 @@ _ARCH_CC = {"Volta": 70, "Turing": 75, "Ampere": 80, "Ada Lovelace": 89, "Hopper
             "RTX Blackwell (sm_120)": 120}
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class Kernel:
     """One generated kernel: its family, a unique label, entry point, CUDA source and where it compiles.
@@ -84,6 +86,7 @@ class Kernel:
         return f"sm_{self.min_cc}{self.arch_suffix}"
 
 
+@ieee_mode
 def presets_for(kernel: Kernel) -> tuple[str, ...]:
     """The NVIDIA presets (device names) whose model a device run of `kernel` checks (none for conversions)."""
     if kernel.io is None:
@@ -101,6 +104,7 @@ def presets_for(kernel: Kernel) -> tuple[str, ...]:
     return tuple(dict.fromkeys(devs))
 
 
+@ieee_mode
 @lru_cache(maxsize=1)
 def catalogue() -> tuple[Kernel, ...]:
     """Every kernel fpsim can generate, conversions first, then ``mma.sync``, then ``wgmma``."""
@@ -132,6 +136,7 @@ def catalogue() -> tuple[Kernel, ...]:
     return tuple(out)
 
 
+@ieee_mode
 def nvrtc_options(arch: str, include: str | None = None) -> tuple[str, ...]:
     """The options NVRTC receives when CuPy builds a kernel for `arch` through :func:`fpsim.gpu._compile.build_kernel`.
 
@@ -145,6 +150,7 @@ def nvrtc_options(arch: str, include: str | None = None) -> tuple[str, ...]:
     return (*opts, *CUPY_APPENDS, f"-arch=sm_{cc}")
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class Check:
     """The outcome of compiling one kernel for one architecture.
@@ -171,6 +177,7 @@ class Check:
         return f"FAIL: {self.status}"
 
 
+@ieee_mode
 def check(kernel: Kernel, arch: str, nvrtc: NVRTC, include: str | None = None) -> Check:
     """Compile `kernel` for `arch` with `nvrtc` (CuPy's options) and say whether the outcome is the claimed one.
 
@@ -184,6 +191,7 @@ def check(kernel: Kernel, arch: str, nvrtc: NVRTC, include: str | None = None) -
     return judge(kernel, arch, r, time.perf_counter() - t0)
 
 
+@ieee_mode
 def judge(kernel: Kernel, arch: str, r: CompileResult, seconds: float = 0.0) -> Check:
     """The :class:`Check` of an NVRTC result `r` for `kernel` on `arch`."""
     if r.ok and r.target == arch and r.cubin:
@@ -197,6 +205,7 @@ def judge(kernel: Kernel, arch: str, r: CompileResult, seconds: float = 0.0) -> 
                  seconds)
 
 
+@ieee_mode
 def table(checks: Sequence[Check]) -> str:
     """Markdown: one row per kernel, one column per architecture of :data:`ARCHS`."""
     archs = [a for a in ARCHS if any(c.arch == a for c in checks)]
@@ -213,6 +222,7 @@ def table(checks: Sequence[Check]) -> str:
     return "\n".join(rows)
 
 
+@ieee_mode
 def main(argv: list[str] | None = None) -> int:
     """``python -m fpsim.gpu.kernels [--table] [--nvrtc PATH] [--arch sm_XX ...]``: exit 1 on any FAIL cell."""
     ap = argparse.ArgumentParser(prog="python -m fpsim.gpu.kernels", description=__doc__.split("\n\n")[0])

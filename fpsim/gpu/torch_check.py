@@ -105,6 +105,7 @@ def _operands(case: TorchCase, m: int, n: int, rng: np.random.Generator) -> tupl
     return a, b
 
 
+@ieee_mode
 def candidates(device: str, case: TorchCase) -> list[tuple[str, MMAModel]]:
     """(label, preset) of the device's input -> fp32 presets that a cuBLAS kernel for `case` may use: the default
     one, and those of other instruction paths (B200 FP8: ``tcgen05``). Raises ValueError if there is none.

@@ -15,8 +15,10 @@ from ..rounding import round as _round
 from ._common import _as_float
 from ._mx import _block_absmax, _mx_prepare
 from ._rules import SCALE_RULES, _as_scale_format, _divisors, _mx_rule, _rule_scales
+from .._fpenv import ieee_mode
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class RuleDiff:
     """How one candidate differs from the given bytes.
@@ -43,6 +45,7 @@ class RuleDiff:
     steps: int | None
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class IdentifyReport:
     """Result of :func:`identify_scale_rule` / :func:`identify_quantizer`.
@@ -113,6 +116,7 @@ def _scale_codes(scales: Any, expect: tuple[int, ...], ax: int, ndim: int, sf: A
     return _codes(s.reshape(expect), sf, "scales")
 
 
+@ieee_mode
 def identify_scale_rule(x: Any, scales: Any, *, elem: FormatLike, block: int = 32, axis: int = -1,
                         scale_format: FormatLike = "e8m0", rules: Any = None) -> IdentifyReport:
     """Which named block-scale rules reproduce ``scales`` for data ``x``?
@@ -175,6 +179,7 @@ _ROUNDINGS = ("rne", "rna", "rtz", "rup", "rdn")
 _MIN_DIVISORS = {"scale": "ocp", "2**-126": "torchao-floor", "1": "te"}
 
 
+@ieee_mode
 def identify_quantizer(x: Any, scales: Any, codes: Any, *, elem: FormatLike, block: int = 32, axis: int = -1,
                        scale_format: FormatLike = "e8m0") -> IdentifyReport:
     """Which element quantizer turned ``x`` and these block ``scales`` into these element ``codes``?

@@ -17,8 +17,10 @@ import numpy as np
 from ..formats import Format, FormatLike, as_format
 from ..rounding import round as _round
 from ._common import _F32
+from .._fpenv import ieee_mode
 
 
+@ieee_mode
 @dataclass(frozen=True)
 class ScaleRule:
     """One block-scale rule: how it computes and where it is defined.
@@ -116,6 +118,7 @@ SCALE_RULES: dict[str, ScaleRule] = {r.name: r for r in (
 _ALIASES = {a: r.name for r in SCALE_RULES.values() for a in r.aliases}
 
 
+@ieee_mode
 def scale_rule(rule: str | ScaleRule) -> ScaleRule:
     """The :class:`ScaleRule` called ``rule`` (a name or alias in :data:`SCALE_RULES`, case-insensitive).
 
@@ -209,6 +212,7 @@ def _divisors(scales: np.ndarray, r: ScaleRule, sf: Format) -> np.ndarray:
     return out
 
 
+@ieee_mode
 def rules_table() -> str:
     """The rule table as Markdown (name, how it computes, source, oracle), as docs/scale-rules.md shows it.
 
