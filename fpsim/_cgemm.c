@@ -40,6 +40,13 @@
 #define CLONES
 #endif
 
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define HAVE_AVX2_PATH 1
+#else
+#define HAVE_AVX2_PATH 0
+#endif
+
 #define ZERO_EXP (-20000) /* exponent of a zero (or non-finite) input: never wins E_max */
 #define NT_MAX 256
 
@@ -52,6 +59,7 @@ typedef struct {
     /* decomposed inputs over the K range [k0, k1) (kr = k1 - k0 columns / rows) */
     const int32_t *ma, *ea; /* M x kr */
     const int32_t *mbv, *eb; /* kr x N */
+    const float *af, *bf;    /* the same inputs as float32 (M x kr, kr x N) for the AVX2 path, or NULL */
     const double *A, *B;    /* the original values (M x Kp, Kp x N): only for special blocks */
     const uint8_t *fa;      /* M x nb: a row block holds a NaN/inf */
     const uint8_t *fb;      /* nb x N: a column block holds a NaN/inf */
@@ -205,6 +213,168 @@ static inline __attribute__((always_inline)) void finish(const int32_t *emax, co
     }
 }
 
+/* Which pass 1-2 loop runs: 0 auto (AVX2 where the CPU has it), 1 scalar (the reference loop below, which the
+ * compiler may still vectorise), 2 avx2 (refused where the CPU lacks it). Set by _cgemm.impl(). */
+static int impl_mode = 0;
+
+static int have_avx2(void)
+{
+#if HAVE_AVX2_PATH
+    return __builtin_cpu_supports("avx2");
+#else
+    return 0;
+#endif
+}
+
+#if HAVE_AVX2_PATH
+/* Passes 1-2 in float32 for lanes [0, nv*8) of one row and one block (the caller checks the conditions):
+ * inputs of <= 12 significant bits and exponents in [-40, 40] (bfma_gemm checks both), so a*b is exact in
+ * float32 (<= 24 bits, >= 2**-102, < 2**82). Q_i = trunc(a b 2**(23 + neab - E_max)) is the integer
+ * loop's sign * (|m_a m_b| 2**G >> (E_max - E_i + c0)) (same value: both are the product truncated to the
+ * grid); the scale S is a power of two, so a*b*S is exact unless it is below 2**-126, and then < 1 and
+ * truncated to 0 either way. |Q_i| < 2**(25 + neab) <= 2**31, so vcvttps2dq (truncation) is exact; the
+ * int32 sums are widened every cs products as in the integer loop. Four vectors (32 lanes) at a time keep
+ * E_max, S and the sums in registers over the whole block: one broadcast of a per product row, then per
+ * vector a load, two multiplies, a conversion and an add. */
+/* NV (1..4) vectors of one row: a compile-time count, so that the arrays below live in registers.
+ * q: the packed B of this block at the first vector (see pack_b): per vector, per product row l, 8 exponents
+ * then 8 float32 values, so that the block's B for a group of lanes is one contiguous run of memory. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+pass12_group(const prm_t *p, const float *af, const int32_t *ea, const float *q, int k, int kpk, int32_t *emax,
+             double *acc, const int NV)
+{
+    const int cs = p->cs;
+    const __m256i sbias = _mm256_set1_epi32(127 + 23 + p->neab);
+    const __m256i smax = _mm256_set1_epi32(254), smin = _mm256_set1_epi32(1);
+    __m256i em[4], ac[4];
+    __m256 sc[4];
+    __m256d a0[4], a1[4];
+    for (int u = 0; u < NV; u++)
+        em[u] = _mm256_loadu_si256((const __m256i *)(emax + 8 * u));
+    /* pass 1: E_max = max(E_c or mel (already in emax), ea + eb) */
+    for (int l = 0; l < k; l++) {
+        const __m256i e = _mm256_set1_epi32(ea[l]);
+        for (int u = 0; u < NV; u++)
+            em[u] = _mm256_max_epi32(em[u], _mm256_add_epi32(e, _mm256_loadu_si256((const __m256i *)(q + (u * kpk + l) * 16))));
+    }
+    for (int u = 0; u < NV; u++) {
+        _mm256_storeu_si256((__m256i *)(emax + 8 * u), em[u]);
+        /* S = 2**(23 + neab - E_max), its float32 exponent field clamped to the normal range (see above) */
+        __m256i f = _mm256_sub_epi32(sbias, em[u]);
+        f = _mm256_min_epi32(_mm256_max_epi32(f, smin), smax);
+        sc[u] = _mm256_castsi256_ps(_mm256_slli_epi32(f, 23));
+        a0[u] = _mm256_setzero_pd();
+        a1[u] = _mm256_setzero_pd();
+    }
+    /* pass 2: the truncated products, summed exactly */
+    for (int l0 = 0; l0 < k; l0 += cs) {
+        const int l1 = l0 + cs < k ? l0 + cs : k;
+        for (int u = 0; u < NV; u++)
+            ac[u] = _mm256_setzero_si256();
+        for (int l = l0; l < l1; l++) {
+            const __m256 a = _mm256_set1_ps(af[l]);
+            for (int u = 0; u < NV; u++) {
+                __m256 pr = _mm256_mul_ps(_mm256_mul_ps(a, _mm256_loadu_ps(q + (u * kpk + l) * 16 + 8)), sc[u]);
+                ac[u] = _mm256_add_epi32(ac[u], _mm256_cvttps_epi32(pr));
+            }
+        }
+        for (int u = 0; u < NV; u++) {
+            a0[u] = _mm256_add_pd(a0[u], _mm256_cvtepi32_pd(_mm256_castsi256_si128(ac[u])));
+            a1[u] = _mm256_add_pd(a1[u], _mm256_cvtepi32_pd(_mm256_extracti128_si256(ac[u], 1)));
+        }
+    }
+    for (int u = 0; u < NV; u++) {
+        _mm256_storeu_pd(acc + 8 * u, a0[u]);
+        _mm256_storeu_pd(acc + 8 * u + 4, a1[u]);
+    }
+}
+
+/* Lanes [j0, j0 + 8 nv) (j0 a multiple of 8) of row i for the block of klen products at kl (a multiple of k). */
+__attribute__((target("avx2,fma"))) static void pass12_avx2(const job_t *J, const float *af, const int32_t *ea,
+                                                           Py_ssize_t kl, Py_ssize_t j0, int nv, int klen,
+                                                           int32_t *emax, double *acc)
+{
+    const int k = J->p->k;
+    const Py_ssize_t nvt = J->N / 8;
+    const float *q = J->bf + ((kl / k) * nvt + j0 / 8) * (Py_ssize_t)k * 16;
+    int v = 0;
+    for (; v + 4 <= nv; v += 4)
+        pass12_group(J->p, af, ea, q + (Py_ssize_t)v * k * 16, klen, k, emax + 8 * v, acc + 8 * v, 4);
+    for (; v < nv; v++)
+        pass12_group(J->p, af, ea, q + (Py_ssize_t)v * k * 16, klen, k, emax + 8 * v, acc + 8 * v, 1);
+}
+
+/* B's rows [0, kr) (from row k0 of the Kp x N values b, decomposed exponents e with row stride N), for the
+ * full 8-lane vectors of N, packed as [block of k rows][vector][row in block][8 exponents, 8 float32], the
+ * rows of a last partial block padded with zeros (exponent ZERO_EXP: they never win E_max). 0 if an
+ * exponent is out of [-40, 40] (see to_f32). */
+static int pack_b(const double *b, const int32_t *e, Py_ssize_t kr, Py_ssize_t N, int k, float *out)
+{
+    const Py_ssize_t nvt = N / 8, nbk = (kr + k - 1) / k;
+    int bad = 0;
+    for (Py_ssize_t bi = 0; bi < nbk; bi++)
+        for (Py_ssize_t jv = 0; jv < nvt; jv++)
+            for (int l = 0; l < k; l++) {
+                Py_ssize_t r = bi * k + l;
+                float *o = out + ((bi * nvt + jv) * k + l) * 16;
+                for (int t = 0; t < 8; t++) {
+                    int32_t ex = r < kr ? e[r * N + jv * 8 + t] : ZERO_EXP;
+                    int z = ex == ZERO_EXP;
+                    bad |= (!z) & ((ex < -40) | (ex > 40));
+                    memcpy(o + t, &ex, sizeof ex);
+                    o[8 + t] = z ? 0.0f : (float)b[r * N + jv * 8 + t];
+                }
+            }
+    return !bad;
+}
+#endif
+
+#if HAVE_AVX2_PATH
+/* Pass 3 for lanes [0, n4) (n4 a multiple of 4) where the AVX2 loop ran. y = (acc + qc) 2**L is exact in a
+ * double (|acc + qc| < 2**53, 2**-1000 <= 2**L <= 2**1000). Where the result is a normal number of the
+ * output format (the common case), rounding to mb fraction bits is a mask of y's low 52 - mb bits (RZ) or
+ * the carry trick below it (RNE), four lanes at a time and without a branch; if any lane is another case
+ * (an output subnormal, an overflow), finish() redoes them all. */
+__attribute__((target("avx2,fma"))) static void finish_avx2(const int32_t *emax, const double *acc,
+                                                           const double *cf, double *cout, int n4,
+                                                           const prm_t *p)
+{
+    const int drop = 52 - p->mb; /* mb <= 28 (checked), so 24 <= drop <= 52 */
+    const __m128i sh0 = _mm_set1_epi32(23 + p->neab), lmin = _mm_set1_epi32(-1000), lmax = _mm_set1_epi32(1000);
+    const __m256i bias = _mm256_set1_epi64x(1023), absm = _mm256_set1_epi64x(0x7fffffffffffffffLL);
+    const __m256i keep = _mm256_set1_epi64x((int64_t)(~((1ULL << drop) - 1)));
+    const __m256i halfm1 = _mm256_set1_epi64x((int64_t)((1ULL << (drop - 1)) - 1)), one = _mm256_set1_epi64x(1);
+    const __m256i big = _mm256_set1_epi64x((int64_t)d2bits(pow2v(p->emax_out + 1)));
+    const __m256i small = _mm256_set1_epi64x((int64_t)d2bits(pow2v(p->emin_out)) - 1);
+    const __m256i zero = _mm256_setzero_si256();
+    __m256i allok = _mm256_set1_epi64x(-1);
+    for (int j = 0; j < n4; j += 4) {
+        __m128i l32 = _mm_sub_epi32(_mm_loadu_si128((const __m128i *)(emax + j)), sh0);
+        __m256i L = _mm256_cvtepi32_epi64(_mm_min_epi32(_mm_max_epi32(l32, lmin), lmax));
+        __m256d pL = _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_add_epi64(L, bias), 52));
+        __m256d pnL = _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_sub_epi64(bias, L), 52));
+        __m256d qc = _mm256_round_pd(_mm256_mul_pd(_mm256_loadu_pd(cf + j), pnL), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        __m256i yb = _mm256_castpd_si256(_mm256_mul_pd(_mm256_add_pd(_mm256_loadu_pd(acc + j), qc), pL));
+        __m256i ay = _mm256_and_si256(yb, absm);
+        __m256i rb = p->rne ? _mm256_add_epi64(yb, _mm256_add_epi64(halfm1, _mm256_and_si256(_mm256_srli_epi64(yb, drop), one)))
+                            : yb;
+        rb = _mm256_and_si256(rb, keep);
+        /* fast where y is 0 or a normal of the output format, and the rounded value does not overflow */
+        __m256i ok = _mm256_or_si256(_mm256_cmpeq_epi64(ay, zero), _mm256_cmpgt_epi64(ay, small));
+        ok = _mm256_andnot_si256(_mm256_cmpgt_epi64(_mm256_and_si256(rb, absm), _mm256_sub_epi64(big, one)), ok);
+        _mm256_storeu_pd(cout + j, _mm256_castsi256_pd(rb));
+        allok = _mm256_and_si256(allok, ok);
+    }
+    /* rare: redo every lane the general way (it reads emax, acc and cf only, never cout) */
+    if (_mm256_movemask_pd(_mm256_castsi256_pd(allok)) != 0xf) {
+        if (p->rne)
+            finish(emax, acc, cf, cout, n4, p, 1);
+        else
+            finish(emax, acc, cf, cout, n4, p, 0);
+    }
+}
+#endif
+
 /* One block of k products for row i and lanes [j0, j0+nt): cout[j] := BFMA(products, addend cin[j]).
  * cnf[j] receives the non-finite addends (0 elsewhere); returns whether there was one. cout may be cin.
  * Pass 3 works in doubles that hold integers exactly (|S| < 2**51): the sum, its exponent (from its bits),
@@ -268,27 +438,35 @@ CLONES static int block_row(const job_t *J, Py_ssize_t i, Py_ssize_t j0, int nt,
         }
         goto pass3;
     }
+    int jlo = 0; /* lanes [0, jlo) done by the AVX2 loop, the rest by the integer loop below */
+#if HAVE_AVX2_PATH
+    if (J->af) {
+        jlo = nt & ~7;
+        if (jlo)
+            pass12_avx2(J, J->af + i * J->kr + kl, ea, kl, j0, jlo / 8, k, emax, acc); /* k: klen here */
+    }
+#endif
     /* pass 1: E_max */
     for (int l = 0; l < k; l++) {
         const int32_t eai = ea[l];
         const int32_t *ebl = J->eb + (kl + l) * J->N + j0;
-        for (int j = 0; j < nt; j++) {
+        for (int j = jlo; j < nt; j++) {
             int32_t e = eai + ebl[j];
             emax[j] = e > emax[j] ? e : emax[j];
         }
     }
     /* pass 2: truncated products, summed exactly (int32 chunks that cannot overflow, then doubles) */
-    for (int j = 0; j < nt; j++)
+    for (int j = jlo; j < nt; j++)
         acc[j] = 0.0;
     for (int l0 = 0; l0 < k; l0 += cs) {
         int l1 = l0 + cs < k ? l0 + cs : k;
-        for (int j = 0; j < nt; j++)
+        for (int j = jlo; j < nt; j++)
             acc32[j] = 0;
         for (int l = l0; l < l1; l++) {
             const int32_t mai = ma[l], eai = ea[l] - c0;
             const int32_t *mbl = J->mbv + (kl + l) * J->N + j0;
             const int32_t *ebl = J->eb + (kl + l) * J->N + j0;
-            for (int j = 0; j < nt; j++) {
+            for (int j = jlo; j < nt; j++) {
                 int32_t m = mai * mbl[j];
                 int32_t sh = emax[j] - eai - ebl[j];
                 sh = sh < 31 ? sh : 31;
@@ -297,15 +475,23 @@ CLONES static int block_row(const job_t *J, Py_ssize_t i, Py_ssize_t j0, int nt,
                 acc32[j] += ((am >> sh) ^ s) - s;
             }
         }
-        for (int j = 0; j < nt; j++)
+        for (int j = jlo; j < nt; j++)
             acc[j] += (double)acc32[j];
     }
 pass3:;
     /* pass 3: add the truncated addend, round to mb bits, store */
+    int jf = 0;
+#if HAVE_AVX2_PATH
+    if (J->af) {
+        jf = nt & ~3;
+        if (jf)
+            finish_avx2(emax, acc, cf, cout, jf, p);
+    }
+#endif
     if (p->rne)
-        finish(emax, acc, cf, cout, nt, p, 1);
+        finish(emax + jf, acc + jf, cf + jf, cout + jf, nt - jf, p, 1);
     else
-        finish(emax, acc, cf, cout, nt, p, 0);
+        finish(emax + jf, acc + jf, cf + jf, cout + jf, nt - jf, p, 0);
     return anyspec;
 }
 
@@ -319,6 +505,10 @@ static void run_tile(const job_t *JB, Py_ssize_t t)
         t -= bt * JB->tiles_batch;
         Py_ssize_t M = JB->M, N = JB->N, Kp = JB->Kp, kr = JB->kr, nb = JB->nb;
         Jl.ma += bt * M * kr; Jl.ea += bt * M * kr; Jl.mbv += bt * kr * N; Jl.eb += bt * kr * N;
+        if (Jl.af) {
+            Jl.af += bt * M * kr;
+            Jl.bf += bt * ((kr + JB->p->k - 1) / JB->p->k) * (N / 8) * JB->p->k * 16;
+        }
         Jl.A += bt * M * Kp; Jl.B += bt * Kp * N; Jl.fa += bt * M * nb; Jl.fb += bt * nb * N; Jl.D += bt * M * N;
     }
     const prm_t *p = J->p;
@@ -429,6 +619,48 @@ CLONES static void decompose(const double *x, Py_ssize_t n, int mbits, int emin,
     }
 }
 
+/* x as float32 where its decomposed exponent e is in [-40, 40], 0 for zeros and non-finite values (their
+ * blocks are redone by block_special); returns 0 if an exponent is out of that range. The inputs have at
+ * most 12 significant bits here, so the conversion is exact. */
+static int to_f32(const double *x, const int32_t *e, Py_ssize_t n, float *out)
+{
+    int bad = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int z = e[i] == ZERO_EXP;
+        bad |= (!z) & ((e[i] < -40) | (e[i] > 40));
+        out[i] = z ? 0.0f : (float)x[i];
+    }
+    return !bad;
+}
+
+static int use_avx2(void) { return impl_mode != 1 && have_avx2(); }
+
+static PyObject *impl(PyObject *self, PyObject *args)
+{
+    (void)self;
+    const char *name = NULL;
+    static const char *names[] = {"auto", "scalar", "avx2"};
+    if (!PyArg_ParseTuple(args, "|s", &name))
+        return NULL;
+    const char *was = names[impl_mode];
+    if (name) {
+        int m = -1;
+        for (int i = 0; i < 3; i++)
+            if (!strcmp(name, names[i]))
+                m = i;
+        if (m < 0) {
+            PyErr_Format(PyExc_ValueError, "impl: unknown loop %R; valid: 'auto', 'scalar', 'avx2'", PyTuple_GET_ITEM(args, 0));
+            return NULL;
+        }
+        if (m == 2 && !have_avx2()) {
+            PyErr_SetString(PyExc_ValueError, "impl: 'avx2' needs an x86-64 CPU with AVX2 (this one has none)");
+            return NULL;
+        }
+        impl_mode = m;
+    }
+    return PyUnicode_FromString(was);
+}
+
 static PyObject *bfma_gemm(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -479,6 +711,7 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
     int caller_mode = fegetround(); /* the rounding steps assume round to nearest; threads inherit it */
     fesetround(FE_TONEAREST);
     Py_ssize_t na = rowwise ? kr * N : M * kr;
+    float *af32 = NULL, *bf32 = NULL;
     int32_t *ma = malloc(sizeof(int32_t) * (size_t)(na * nbatch)), *ea = malloc(sizeof(int32_t) * (size_t)(na * nbatch));
     int32_t *mbv = malloc(sizeof(int32_t) * (size_t)(kr * N * nbatch));
     int32_t *eb = malloc(sizeof(int32_t) * (size_t)(kr * N * nbatch));
@@ -509,8 +742,25 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
                 if (!isfinite(b[kk * N + j]))
                     fb_[(kk / p.k) * N + j] = 1;
       }
+        /* The float32 copies for the AVX2 loop, where its conditions hold (see pass12_avx2) */
+        if (!rowwise && p.mbits_in <= 11 && (NT % 8 == 0 || N <= NT) && use_avx2()) { /* tiles start at full vectors */
+            af32 = malloc(sizeof(float) * (size_t)(M * kr * nbatch));
+            bf32 = malloc(sizeof(float) * (size_t)(((kr + p.k - 1) / p.k) * (N / 8) * p.k * 16 * nbatch) + 1);
+            int ok = af32 && bf32;
+            for (Py_ssize_t bt = 0; bt < nbatch && ok; bt++) {
+                const double *a = (const double *)A.buf + bt * M * Kp, *b = (const double *)B.buf + bt * Kp * N;
+                for (Py_ssize_t i = 0; i < M && ok; i++)
+                    ok = to_f32(a + i * Kp + k0, ea + bt * M * kr + i * kr, kr, af32 + bt * M * kr + i * kr);
+                ok = ok && pack_b(b + k0 * N, eb + bt * kr * N, kr, N, p.k, bf32 + bt * ((kr + p.k - 1) / p.k) * (N / 8) * p.k * 16);
+            }
+            if (!ok) { /* out of memory or out of range: the integer loop (the same bits) */
+                free(af32); free(bf32);
+                af32 = bf32 = NULL;
+            }
+        }
         job_t base;
         base.ma = ma; base.ea = ea; base.mbv = mbv; base.eb = eb;
+        base.af = af32; base.bf = bf32;
         base.A = (const double *)A.buf; base.B = (const double *)B.buf;
         base.fa = fa; base.fb = fb; base.D = (double *)D.buf;
         base.M = M; base.N = N; base.Kp = Kp; base.k0 = k0; base.kr = kr; base.nb = nb;
@@ -528,7 +778,7 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
         }
         run_jobs(jobs, sizeof jobs[0], nthreads, worker);
     }
-    free(ma); free(ea); free(mbv); free(eb); free(fa); free(fb);
+    free(ma); free(ea); free(mbv); free(eb); free(fa); free(fb); free(af32); free(bf32);
     fesetround(caller_mode);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&A); PyBuffer_Release(&B); PyBuffer_Release(&D);
@@ -740,6 +990,10 @@ static PyMethodDef methods[] = {
      "bfma_gemm(A, B, D, M, N, Kp, k0, k1, params, nthreads, MT, NT, rowwise, nbatch): chain D (nbatch x M x N "
      "float64, in place) through the BFMA blocks of A[:, :, k0:k1] @ B[:, k0:k1, :] (float64, C order); "
      "rowwise: M = 1, nbatch = 1, A is Kp x N and D[j] chains sum_k A[k, j] * B[k, j] (dot)."},
+    {"impl", impl, METH_VARARGS,
+     "impl([name]): the previous choice of the block-FMA GEMM's inner loop, then sets it to name if given: 'auto' "
+     "(AVX2 where the CPU has it and the inputs allow: at most 12 significant bits, exponents within [-40, 40]), "
+     "'scalar' (the integer reference loop) or 'avx2' (as auto; ValueError without AVX2). The bits are the same."},
     {"generic_gemm", generic_gemm, METH_VARARGS,
      "generic_gemm(A, B, D, M, N, K, params, nthreads, MT, NT): D (M x N float64, the addends, in place) "
      "through the generic 'wide' or 'fma_chain' model of A @ B, then rounded to the output format."},
