@@ -330,6 +330,40 @@ static int pack_b(const double *b, const int32_t *e, Py_ssize_t kr, Py_ssize_t N
 #endif
 
 #if HAVE_AVX2_PATH
+/* Pass 0 of block_row (the same values) for lanes [0, n8), n8 a multiple of 8: per 8 lanes, the exponent
+ * fields are taken from the doubles' high words in one int32 vector. Returns whether an addend is NaN/inf. */
+__attribute__((target("avx2,fma"))) static int pass0_avx2(const double *cin, int n8, int32_t floor_e,
+                                                         int32_t *emax, double *cf, double *cnf)
+{
+    const __m256i m11 = _mm256_set1_epi64x(0x7ff), z64 = _mm256_setzero_si256();
+    const __m256i e11 = _mm256_set1_epi32(0x7ff), z32 = _mm256_setzero_si256();
+    const __m256i bias = _mm256_set1_epi32(1023), lo = _mm256_set1_epi32(-126), fl = _mm256_set1_epi32(floor_e);
+    __m256i spec = _mm256_setzero_si256();
+    for (int j = 0; j < n8; j += 8) {
+        __m256d c0 = _mm256_loadu_pd(cin + j), c1 = _mm256_loadu_pd(cin + j + 4);
+        /* per double: non-finite (cnf) and finite non-zero (cf) */
+        __m256i f0 = _mm256_and_si256(_mm256_srli_epi64(_mm256_castpd_si256(c0), 52), m11);
+        __m256i f1 = _mm256_and_si256(_mm256_srli_epi64(_mm256_castpd_si256(c1), 52), m11);
+        __m256i n0 = _mm256_cmpeq_epi64(f0, m11), n1 = _mm256_cmpeq_epi64(f1, m11);
+        __m256i k0 = _mm256_or_si256(n0, _mm256_cmpeq_epi64(f0, z64)), k1 = _mm256_or_si256(n1, _mm256_cmpeq_epi64(f1, z64));
+        _mm256_storeu_pd(cnf + j, _mm256_and_pd(c0, _mm256_castsi256_pd(n0)));
+        _mm256_storeu_pd(cnf + j + 4, _mm256_and_pd(c1, _mm256_castsi256_pd(n1)));
+        _mm256_storeu_pd(cf + j, _mm256_andnot_pd(_mm256_castsi256_pd(k0), c0));
+        _mm256_storeu_pd(cf + j + 4, _mm256_andnot_pd(_mm256_castsi256_pd(k1), c1));
+        spec = _mm256_or_si256(spec, _mm256_or_si256(n0, n1));
+        /* the eight exponent fields in order: the high words of c0 then c1 */
+        __m256i hi = _mm256_castps_si256(_mm256_shuffle_ps(_mm256_castpd_ps(c0), _mm256_castpd_ps(c1), 0xdd));
+        hi = _mm256_permute4x64_epi64(hi, 0xd8);
+        __m256i ef = _mm256_and_si256(_mm256_srli_epi32(hi, 20), e11);
+        __m256i bad = _mm256_or_si256(_mm256_cmpeq_epi32(ef, e11), _mm256_cmpeq_epi32(ef, z32));
+        __m256i ec = _mm256_max_epi32(_mm256_max_epi32(_mm256_sub_epi32(ef, bias), lo), fl);
+        _mm256_storeu_si256((__m256i *)(emax + j), _mm256_blendv_epi8(ec, fl, bad));
+    }
+    return !_mm256_testz_si256(spec, spec);
+}
+#endif
+
+#if HAVE_AVX2_PATH
 /* Pass 3 for lanes [0, n4) (n4 a multiple of 4) where the AVX2 loop ran. y = (acc + qc) 2**L is exact in a
  * double (|acc + qc| < 2**53, 2**-1000 <= 2**L <= 2**1000). Where the result is a normal number of the
  * output format (the common case), rounding to mb fraction bits is a mask of y's low 52 - mb bits (RZ) or
@@ -391,7 +425,14 @@ CLONES static int block_row(const job_t *J, Py_ssize_t i, Py_ssize_t j0, int nt,
     const int32_t floor_e = p->has_mel ? p->mel : ZERO_EXP * 4;
     int anyspec = 0;
     /* pass 0: the addend's binary32 exponent (chain values are never double subnormals) */
-    for (int j = 0; j < nt; j++) {
+    int j00 = 0;
+#if HAVE_AVX2_PATH
+    if (J->af) {
+        j00 = nt & ~7;
+        anyspec = pass0_avx2(cin, j00, floor_e, emax, cf, cnf);
+    }
+#endif
+    for (int j = j00; j < nt; j++) {
         double c = cin[j];
         uint64_t bits = d2bits(c);
         int32_t ef = (int32_t)((bits >> 52) & 0x7ff);
