@@ -236,28 +236,36 @@ static int have_avx2(void)
  * int32 sums are widened every cs products as in the integer loop. Four vectors (32 lanes) at a time keep
  * E_max, S and the sums in registers over the whole block: one broadcast of a per product row, then per
  * vector a load, two multiplies, a conversion and an add. */
-/* NV (1..4) vectors of one row: a compile-time count, so that the arrays below live in registers.
- * q: the packed B of this block at the first vector (see pack_b): per vector, per product row l, 8 exponents
- * then 8 float32 values, so that the block's B for a group of lanes is one contiguous run of memory. */
+/* NV (1, 2 or 4) vectors of one row: a compile-time count, so that the arrays below live in registers.
+ * q: the packed B of this block at the first pair of vectors (see pack_b): per pair of vectors, per product
+ * row l, 16 int16 exponents then 16 float32 values, so that the block's B for a group of lanes is one
+ * contiguous run. E_max is found in int16 lanes (16 outputs per instruction; the exponents of values fit,
+ * and the saturating add keeps the zeros' ZERO_EXP sums, now -32768, below any real exponent). */
 __attribute__((target("avx2,fma"), always_inline)) static inline void
 pass12_group(const prm_t *p, const float *af, const int32_t *ea, const float *q, int k, int kpk, int32_t *emax,
              double *acc, const int NV)
 {
+    const int NP = (NV + 1) / 2; /* pairs */
     const int cs = p->cs;
     const __m256i sbias = _mm256_set1_epi32(127 + 23 + p->neab);
     const __m256i smax = _mm256_set1_epi32(254), smin = _mm256_set1_epi32(1);
-    __m256i em[4], ac[4];
+    __m256i em[4], ac[4], eh[2];
     __m256 sc[4];
     __m256d a0[4], a1[4];
-    for (int u = 0; u < NV; u++)
-        em[u] = _mm256_loadu_si256((const __m256i *)(emax + 8 * u));
+    for (int h = 0; h < NP; h++) {
+        __m256i lo = _mm256_loadu_si256((const __m256i *)(emax + 16 * h));
+        __m256i hi = NV > 1 ? _mm256_loadu_si256((const __m256i *)(emax + 16 * h + 8)) : lo;
+        eh[h] = _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xd8); /* lanes in order */
+    }
     /* pass 1: E_max = max(E_c or mel (already in emax), ea + eb) */
     for (int l = 0; l < k; l++) {
-        const __m256i e = _mm256_set1_epi32(ea[l]);
-        for (int u = 0; u < NV; u++)
-            em[u] = _mm256_max_epi32(em[u], _mm256_add_epi32(e, _mm256_loadu_si256((const __m256i *)(q + (u * kpk + l) * 16))));
+        const __m256i e = _mm256_set1_epi16((int16_t)ea[l]);
+        for (int h = 0; h < NP; h++)
+            eh[h] = _mm256_max_epi16(eh[h], _mm256_adds_epi16(e, _mm256_loadu_si256((const __m256i *)(q + (h * kpk + l) * 24))));
     }
     for (int u = 0; u < NV; u++) {
+        __m128i half = (u & 1) ? _mm256_extracti128_si256(eh[u / 2], 1) : _mm256_castsi256_si128(eh[u / 2]);
+        em[u] = _mm256_cvtepi16_epi32(half);
         _mm256_storeu_si256((__m256i *)(emax + 8 * u), em[u]);
         /* S = 2**(23 + neab - E_max), its float32 exponent field clamped to the normal range (see above) */
         __m256i f = _mm256_sub_epi32(sbias, em[u]);
@@ -274,7 +282,8 @@ pass12_group(const prm_t *p, const float *af, const int32_t *ea, const float *q,
         for (int l = l0; l < l1; l++) {
             const __m256 a = _mm256_set1_ps(af[l]);
             for (int u = 0; u < NV; u++) {
-                __m256 pr = _mm256_mul_ps(_mm256_mul_ps(a, _mm256_loadu_ps(q + (u * kpk + l) * 16 + 8)), sc[u]);
+                __m256 b = _mm256_loadu_ps(q + ((u / 2) * kpk + l) * 24 + 8 + 8 * (u & 1));
+                __m256 pr = _mm256_mul_ps(_mm256_mul_ps(a, b), sc[u]);
                 ac[u] = _mm256_add_epi32(ac[u], _mm256_cvttps_epi32(pr));
             }
         }
@@ -289,41 +298,53 @@ pass12_group(const prm_t *p, const float *af, const int32_t *ea, const float *q,
     }
 }
 
-/* Lanes [j0, j0 + 8 nv) (j0 a multiple of 8) of row i for the block of klen products at kl (a multiple of k). */
+/* floats in the packed B of kr rows and N columns (pack_b) */
+static Py_ssize_t packed_b_size(Py_ssize_t kr, Py_ssize_t N, int k)
+{
+    return ((kr + k - 1) / k) * ((N / 8 + 1) / 2) * k * 24;
+}
+
+/* Lanes [j0, j0 + 8 nv) (j0 a multiple of 16) of row i for the block of klen products at kl (a multiple of k). */
 __attribute__((target("avx2,fma"))) static void pass12_avx2(const job_t *J, const float *af, const int32_t *ea,
                                                            Py_ssize_t kl, Py_ssize_t j0, int nv, int klen,
                                                            int32_t *emax, double *acc)
 {
     const int k = J->p->k;
-    const Py_ssize_t nvt = J->N / 8;
-    const float *q = J->bf + ((kl / k) * nvt + j0 / 8) * (Py_ssize_t)k * 16;
+    const Py_ssize_t npt = (J->N / 8 + 1) / 2;
+    const float *q = J->bf + ((kl / k) * npt + j0 / 16) * (Py_ssize_t)k * 24;
     int v = 0;
     for (; v + 4 <= nv; v += 4)
-        pass12_group(J->p, af, ea, q + (Py_ssize_t)v * k * 16, klen, k, emax + 8 * v, acc + 8 * v, 4);
-    for (; v < nv; v++)
-        pass12_group(J->p, af, ea, q + (Py_ssize_t)v * k * 16, klen, k, emax + 8 * v, acc + 8 * v, 1);
+        pass12_group(J->p, af, ea, q + (Py_ssize_t)(v / 2) * k * 24, klen, k, emax + 8 * v, acc + 8 * v, 4);
+    for (; v + 2 <= nv; v += 2)
+        pass12_group(J->p, af, ea, q + (Py_ssize_t)(v / 2) * k * 24, klen, k, emax + 8 * v, acc + 8 * v, 2);
+    if (v < nv)
+        pass12_group(J->p, af, ea, q + (Py_ssize_t)(v / 2) * k * 24, klen, k, emax + 8 * v, acc + 8 * v, 1);
 }
 
 /* B's rows [0, kr) (from row k0 of the Kp x N values b, decomposed exponents e with row stride N), for the
- * full 8-lane vectors of N, packed as [block of k rows][vector][row in block][8 exponents, 8 float32], the
- * rows of a last partial block padded with zeros (exponent ZERO_EXP: they never win E_max). 0 if an
- * exponent is out of [-40, 40] (see to_f32). */
+ * full 8-lane vectors of N, packed as [block of k rows][pair of vectors][row in block][16 int16 exponents,
+ * 16 float32 values]; the rows of a last partial block and the second half of a last odd pair are padded
+ * with zeros (exponent ZERO_EXP). 0 if an exponent is out of [-40, 40] (see to_f32). */
 static int pack_b(const double *b, const int32_t *e, Py_ssize_t kr, Py_ssize_t N, int k, float *out)
 {
-    const Py_ssize_t nvt = N / 8, nbk = (kr + k - 1) / k;
+    const Py_ssize_t nvt = N / 8, npt = (nvt + 1) / 2, nbk = (kr + k - 1) / k;
     int bad = 0;
     for (Py_ssize_t bi = 0; bi < nbk; bi++)
-        for (Py_ssize_t jv = 0; jv < nvt; jv++)
+        for (Py_ssize_t pv = 0; pv < npt; pv++)
             for (int l = 0; l < k; l++) {
                 Py_ssize_t r = bi * k + l;
-                float *o = out + ((bi * nvt + jv) * k + l) * 16;
-                for (int t = 0; t < 8; t++) {
-                    int32_t ex = r < kr ? e[r * N + jv * 8 + t] : ZERO_EXP;
+                float *o = out + ((bi * npt + pv) * k + l) * 24;
+                int16_t ex16[16];
+                for (int t = 0; t < 16; t++) {
+                    Py_ssize_t j = pv * 16 + t;
+                    int in = r < kr && j < nvt * 8;
+                    int32_t ex = in ? e[r * N + j] : ZERO_EXP;
                     int z = ex == ZERO_EXP;
                     bad |= (!z) & ((ex < -40) | (ex > 40));
-                    memcpy(o + t, &ex, sizeof ex);
-                    o[8 + t] = z ? 0.0f : (float)b[r * N + jv * 8 + t];
+                    ex16[t] = (int16_t)ex;
+                    o[8 + t] = z ? 0.0f : (float)b[r * N + j];
                 }
+                memcpy(o, ex16, sizeof ex16);
             }
     return !bad;
 }
@@ -548,7 +569,7 @@ static void run_tile(const job_t *JB, Py_ssize_t t)
         Jl.ma += bt * M * kr; Jl.ea += bt * M * kr; Jl.mbv += bt * kr * N; Jl.eb += bt * kr * N;
         if (Jl.af) {
             Jl.af += bt * M * kr;
-            Jl.bf += bt * ((kr + JB->p->k - 1) / JB->p->k) * (N / 8) * JB->p->k * 16;
+            Jl.bf += bt * packed_b_size(kr, N, JB->p->k);
         }
         Jl.A += bt * M * Kp; Jl.B += bt * Kp * N; Jl.fa += bt * M * nb; Jl.fb += bt * nb * N; Jl.D += bt * M * N;
     }
@@ -784,15 +805,15 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
                     fb_[(kk / p.k) * N + j] = 1;
       }
         /* The float32 copies for the AVX2 loop, where its conditions hold (see pass12_avx2) */
-        if (!rowwise && p.mbits_in <= 11 && (NT % 8 == 0 || N <= NT) && use_avx2()) { /* tiles start at full vectors */
+        if (!rowwise && p.mbits_in <= 11 && (NT % 16 == 0 || N <= NT) && use_avx2()) { /* tiles start at pairs of vectors */
             af32 = malloc(sizeof(float) * (size_t)(M * kr * nbatch));
-            bf32 = malloc(sizeof(float) * (size_t)(((kr + p.k - 1) / p.k) * (N / 8) * p.k * 16 * nbatch) + 1);
+            bf32 = malloc(sizeof(float) * (size_t)(packed_b_size(kr, N, p.k) * nbatch) + 1);
             int ok = af32 && bf32;
             for (Py_ssize_t bt = 0; bt < nbatch && ok; bt++) {
                 const double *a = (const double *)A.buf + bt * M * Kp, *b = (const double *)B.buf + bt * Kp * N;
                 for (Py_ssize_t i = 0; i < M && ok; i++)
                     ok = to_f32(a + i * Kp + k0, ea + bt * M * kr + i * kr, kr, af32 + bt * M * kr + i * kr);
-                ok = ok && pack_b(b + k0 * N, eb + bt * kr * N, kr, N, p.k, bf32 + bt * ((kr + p.k - 1) / p.k) * (N / 8) * p.k * 16);
+                ok = ok && pack_b(b + k0 * N, eb + bt * kr * N, kr, N, p.k, bf32 + bt * packed_b_size(kr, N, p.k));
             }
             if (!ok) { /* out of memory or out of range: the integer loop (the same bits) */
                 free(af32); free(bf32);
