@@ -20,6 +20,12 @@
  * Special values (step 0): a block whose products or addend hold a NaN or an infinity gives NaN (a NaN, an
  * inf*0, or both infinities) or the infinity, exactly as fpsim.mma.model.specials.
  *
+ * AVX2 loop (issue 30; pass12_avx2, pass0_avx2, finish_avx2), used where the CPU has AVX2, impl() allows it
+ * and the inputs have <= 12 significant bits with exponents in [-40, 40]: steps 1-4 in float32 lanes (each
+ * product exact, Q_i one scaling and one truncating conversion) on a packed B, step 5 as a mask on the
+ * double's bits where the result is a normal number of the output format. The integer loop below is the
+ * reference beside it and runs everything else (tails past the last 8-lane vector, dot mode, other inputs).
+ *
  * Vectorised over outputs (the inner loops run over N, contiguous, in 32-bit lanes), tiled (one tile of
  * MT x NT outputs is chained over all of K with the k x NT block of B in L1), and threaded over tiles with
  * pthreads, the GIL released. Every output is computed by one thread from its own inputs only, so the
