@@ -327,31 +327,30 @@ __attribute__((target("avx2,fma"))) static void pass12_avx2(const job_t *J, cons
         pass12_group(J->p, af, ea, q + (Py_ssize_t)(v / 2) * k * 24, klen, k, emax + 8 * v, acc + 8 * v, 1);
 }
 
-/* B's rows [0, kr) (from row k0 of the Kp x N values b, decomposed exponents e with row stride N), for the
- * full 8-lane vectors of N, packed as [block of k rows][pair of vectors][row in block][16 int16 exponents,
- * 16 float32 values]; the rows of a last partial block and the second half of a last odd pair are padded
- * with zeros (exponent ZERO_EXP). 0 if an exponent is out of [-40, 40] (see to_f32). */
-static int pack_b(const double *b, const int32_t *e, Py_ssize_t kr, Py_ssize_t N, int k, float *out)
+/* Block bi (rows [bi k, bi k + k) of [0, kr)) of B (from row k0 of the Kp x N values b; decomposed exponents
+ * e, row stride N) for the full 8-lane vectors of N, packed as [block][pair of vectors][row in block][16 int16
+ * exponents, 16 float32 values]; rows past kr and the second half of a last odd pair are padded with zeros
+ * (exponent ZERO_EXP). 0 if an exponent is out of [-40, 40] (see to_f32). */
+static int pack_b(const double *b, const int32_t *e, Py_ssize_t kr, Py_ssize_t N, int k, Py_ssize_t bi, float *out)
 {
-    const Py_ssize_t nvt = N / 8, npt = (nvt + 1) / 2, nbk = (kr + k - 1) / k;
+    const Py_ssize_t nvt = N / 8, npt = (nvt + 1) / 2;
     int bad = 0;
-    for (Py_ssize_t bi = 0; bi < nbk; bi++)
-        for (Py_ssize_t pv = 0; pv < npt; pv++)
-            for (int l = 0; l < k; l++) {
-                Py_ssize_t r = bi * k + l;
-                float *o = out + ((bi * npt + pv) * k + l) * 24;
-                int16_t ex16[16];
-                for (int t = 0; t < 16; t++) {
-                    Py_ssize_t j = pv * 16 + t;
-                    int in = r < kr && j < nvt * 8;
-                    int32_t ex = in ? e[r * N + j] : ZERO_EXP;
-                    int z = ex == ZERO_EXP;
-                    bad |= (!z) & ((ex < -40) | (ex > 40));
-                    ex16[t] = (int16_t)ex;
-                    o[8 + t] = z ? 0.0f : (float)b[r * N + j];
-                }
-                memcpy(o, ex16, sizeof ex16);
+    for (Py_ssize_t pv = 0; pv < npt; pv++)
+        for (int l = 0; l < k; l++) {
+            Py_ssize_t r = bi * k + l;
+            float *o = out + ((bi * npt + pv) * k + l) * 24;
+            int16_t ex16[16];
+            for (int t = 0; t < 16; t++) {
+                Py_ssize_t j = pv * 16 + t;
+                int in = r < kr && j < nvt * 8;
+                int32_t ex = in ? e[r * N + j] : ZERO_EXP;
+                int z = ex == ZERO_EXP;
+                bad |= (!z) & ((ex < -40) | (ex > 40));
+                ex16[t] = (int16_t)ex;
+                o[8 + t] = z ? 0.0f : (float)b[r * N + j];
             }
+            memcpy(o, ex16, sizeof ex16);
+        }
     return !bad;
 }
 #endif
@@ -729,6 +728,55 @@ static PyObject *impl(PyObject *self, PyObject *args)
     return PyUnicode_FromString(was);
 }
 
+/* The inputs' preparation outside dot mode (decomposition, NaN/inf flags, the AVX2 loop's float32 copies),
+ * split over threads: A by rows, B by blocks of k rows of Kp, so that every flag byte and packed block is
+ * written by one thread. */
+typedef struct {
+    const double *A, *B;
+    int32_t *ma, *ea, *mbv, *eb;
+    uint8_t *fa, *fb;
+    float *af, *bf; /* NULL: no float32 copies */
+    Py_ssize_t M, N, Kp, k0, kr, nb, nbatch;
+    const prm_t *p;
+    int nthreads, tid, bad;
+} prep_t;
+
+static void *prep_worker(void *arg)
+{
+    prep_t *P = (prep_t *)arg;
+    const prm_t *p = P->p;
+    const Py_ssize_t M = P->M, N = P->N, Kp = P->Kp, k0 = P->k0, kr = P->kr, nb = P->nb;
+    const int k = p->k;
+    for (Py_ssize_t bt = 0; bt < P->nbatch; bt++) {
+        const double *a = P->A + bt * M * Kp, *b = P->B + bt * Kp * N;
+        int32_t *ma = P->ma + bt * M * kr, *ea = P->ea + bt * M * kr;
+        int32_t *mbv = P->mbv + bt * kr * N, *eb = P->eb + bt * kr * N;
+        uint8_t *fa = P->fa + bt * M * nb, *fb = P->fb + bt * nb * N;
+        for (Py_ssize_t i = P->tid; i < M; i += P->nthreads) {
+            decompose(a + i * Kp + k0, kr, p->mbits_in, p->emin_in, p->G, ma + i * kr, ea + i * kr);
+            for (Py_ssize_t kk = 0; kk < Kp; kk++)
+                if (!isfinite(a[i * Kp + kk]))
+                    fa[i * nb + kk / k] = 1;
+            if (P->af && !to_f32(a + i * Kp + k0, ea + i * kr, kr, P->af + bt * M * kr + i * kr))
+                P->bad = 1;
+        }
+        for (Py_ssize_t bi = P->tid; bi < nb; bi += P->nthreads) {
+            Py_ssize_t r0 = bi * k, r1 = r0 + k < Kp ? r0 + k : Kp;
+            for (Py_ssize_t kk = r0; kk < r1; kk++)
+                for (Py_ssize_t j = 0; j < N; j++)
+                    if (!isfinite(b[kk * N + j]))
+                        fb[bi * N + j] = 1;
+            Py_ssize_t d0 = r0 > k0 ? r0 : k0, d1 = r1 < k0 + kr ? r1 : k0 + kr;
+            if (d0 < d1) { /* k0 is a multiple of k: this is block (d0 - k0) / k of [k0, k0 + kr) */
+                decompose(b + d0 * N, (d1 - d0) * N, p->mbits_in, p->emin_in, 0, mbv + (d0 - k0) * N, eb + (d0 - k0) * N);
+                if (P->bf && !pack_b(b + k0 * N, eb, kr, N, k, (d0 - k0) / k, P->bf + bt * packed_b_size(kr, N, k)))
+                    P->bad = 1;
+            }
+        }
+    }
+    return NULL;
+}
+
 static PyObject *bfma_gemm(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -787,45 +835,46 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
     if (!ma || !ea || !mbv || !eb || !fa || !fb) {
         err = 1;
     } else {
-      for (Py_ssize_t bt = 0; bt < nbatch; bt++) { /* decompose every batch entry */
-        const double *a = (const double *)A.buf + bt * M * Kp, *b = (const double *)B.buf + bt * Kp * N;
-        int32_t *ma_ = ma + bt * M * kr, *ea_ = ea + bt * M * kr, *mbv_ = mbv + bt * kr * N, *eb_ = eb + bt * kr * N;
-        uint8_t *fa_ = fa + bt * M * nb, *fb_ = fb + bt * nb * N;
-        if (rowwise) {
-            decompose(a + k0 * N, kr * N, p.mbits_in, p.emin_in, p.G, ma_, ea_);
-            for (Py_ssize_t kk = 0; kk < Kp; kk++)
-                for (Py_ssize_t j = 0; j < N; j++)
-                    if (!isfinite(a[kk * N + j]))
-                        fa_[(kk / p.k) * N + j] = 1;
+        /* The AVX2 loop where its conditions hold (see pass12_avx2; tiles start at pairs of vectors) */
+        if (!rowwise && p.mbits_in <= 11 && (NT % 16 == 0 || N <= NT) && use_avx2()) {
+            af32 = malloc(sizeof(float) * (size_t)(M * kr * nbatch));
+            bf32 = malloc(sizeof(float) * (size_t)(packed_b_size(kr, N, p.k) * nbatch) + 1);
+            if (!af32 || !bf32) { /* then the integer loop (the same bits) */
+                free(af32); free(bf32);
+                af32 = bf32 = NULL;
+            }
         }
-        for (Py_ssize_t i = 0; i < M && !rowwise; i++) {
-            decompose(a + i * Kp + k0, kr, p.mbits_in, p.emin_in, p.G, ma_ + i * kr, ea_ + i * kr);
-            for (Py_ssize_t kk = 0; kk < Kp; kk++)
-                if (!isfinite(a[i * Kp + kk]))
-                    fa_[i * nb + kk / p.k] = 1;
+        if (!rowwise) {
+            prep_t pj[64];
+            int np = clamp_threads(nthreads, M > nb ? M : nb);
+            for (int t = 0; t < np; t++) {
+                pj[t] = (prep_t){(const double *)A.buf, (const double *)B.buf, ma, ea, mbv, eb, fa, fb, af32, bf32,
+                                 M, N, Kp, k0, kr, nb, nbatch, &p, np, t, 0};
+            }
+            run_jobs(pj, sizeof pj[0], np, prep_worker);
+            int bad = 0;
+            for (int t = 0; t < np; t++)
+                bad |= pj[t].bad;
+            if (bad) { /* an exponent out of the AVX2 loop's range: the integer loop (the same bits) */
+                free(af32); free(bf32);
+                af32 = bf32 = NULL;
+            }
         }
+      for (Py_ssize_t bt = 0; bt < nbatch && rowwise; bt++) { /* dot mode: A is Kp x N like B */
+        const double *a = (const double *)A.buf, *b = (const double *)B.buf;
+        int32_t *ma_ = ma, *ea_ = ea, *mbv_ = mbv, *eb_ = eb;
+        uint8_t *fa_ = fa, *fb_ = fb;
+        decompose(a + k0 * N, kr * N, p.mbits_in, p.emin_in, p.G, ma_, ea_);
+        for (Py_ssize_t kk = 0; kk < Kp; kk++)
+            for (Py_ssize_t j = 0; j < N; j++)
+                if (!isfinite(a[kk * N + j]))
+                    fa_[(kk / p.k) * N + j] = 1;
         decompose(b + k0 * N, kr * N, p.mbits_in, p.emin_in, 0, mbv_, eb_);
         for (Py_ssize_t kk = 0; kk < Kp; kk++)
             for (Py_ssize_t j = 0; j < N; j++)
                 if (!isfinite(b[kk * N + j]))
                     fb_[(kk / p.k) * N + j] = 1;
       }
-        /* The float32 copies for the AVX2 loop, where its conditions hold (see pass12_avx2) */
-        if (!rowwise && p.mbits_in <= 11 && (NT % 16 == 0 || N <= NT) && use_avx2()) { /* tiles start at pairs of vectors */
-            af32 = malloc(sizeof(float) * (size_t)(M * kr * nbatch));
-            bf32 = malloc(sizeof(float) * (size_t)(packed_b_size(kr, N, p.k) * nbatch) + 1);
-            int ok = af32 && bf32;
-            for (Py_ssize_t bt = 0; bt < nbatch && ok; bt++) {
-                const double *a = (const double *)A.buf + bt * M * Kp, *b = (const double *)B.buf + bt * Kp * N;
-                for (Py_ssize_t i = 0; i < M && ok; i++)
-                    ok = to_f32(a + i * Kp + k0, ea + bt * M * kr + i * kr, kr, af32 + bt * M * kr + i * kr);
-                ok = ok && pack_b(b + k0 * N, eb + bt * kr * N, kr, N, p.k, bf32 + bt * packed_b_size(kr, N, p.k));
-            }
-            if (!ok) { /* out of memory or out of range: the integer loop (the same bits) */
-                free(af32); free(bf32);
-                af32 = bf32 = NULL;
-            }
-        }
         job_t base;
         base.ma = ma; base.ea = ea; base.mbv = mbv; base.eb = eb;
         base.af = af32; base.bf = bf32;
