@@ -232,6 +232,39 @@ static int have_avx2(void)
 #endif
 }
 
+/* floats in the packed B of kr rows and N columns (pack_b) */
+static Py_ssize_t packed_b_size(Py_ssize_t kr, Py_ssize_t N, int k)
+{
+    return ((kr + k - 1) / k) * ((N / 8 + 1) / 2) * k * 24;
+}
+
+/* Block bi (rows [bi k, bi k + k) of [0, kr)) of B (from row k0 of the Kp x N values b; decomposed exponents
+ * e, row stride N) for the full 8-lane vectors of N, packed as [block][pair of vectors][row in block][16 int16
+ * exponents, 16 float32 values]; rows past kr and the second half of a last odd pair are padded with zeros
+ * (exponent ZERO_EXP). 0 if an exponent is out of [-40, 40] (see to_f32). */
+static int pack_b(const double *b, const int32_t *e, Py_ssize_t kr, Py_ssize_t N, int k, Py_ssize_t bi, float *out)
+{
+    const Py_ssize_t nvt = N / 8, npt = (nvt + 1) / 2;
+    int bad = 0;
+    for (Py_ssize_t pv = 0; pv < npt; pv++)
+        for (int l = 0; l < k; l++) {
+            Py_ssize_t r = bi * k + l;
+            float *o = out + ((bi * npt + pv) * k + l) * 24;
+            int16_t ex16[16];
+            for (int t = 0; t < 16; t++) {
+                Py_ssize_t j = pv * 16 + t;
+                int in = r < kr && j < nvt * 8;
+                int32_t ex = in ? e[r * N + j] : ZERO_EXP;
+                int z = ex == ZERO_EXP;
+                bad |= (!z) & ((ex < -40) | (ex > 40));
+                ex16[t] = (int16_t)ex;
+                o[8 + t] = z ? 0.0f : (float)b[r * N + j];
+            }
+            memcpy(o, ex16, sizeof ex16);
+        }
+    return !bad;
+}
+
 #if HAVE_AVX2_PATH
 /* Passes 1-2 in float32 for lanes [0, nv*8) of one row and one block (the caller checks the conditions):
  * inputs of <= 12 significant bits and exponents in [-40, 40] (bfma_gemm checks both), so a*b is exact in
@@ -304,12 +337,6 @@ pass12_group(const prm_t *p, const float *af, const int32_t *ea, const float *q,
     }
 }
 
-/* floats in the packed B of kr rows and N columns (pack_b) */
-static Py_ssize_t packed_b_size(Py_ssize_t kr, Py_ssize_t N, int k)
-{
-    return ((kr + k - 1) / k) * ((N / 8 + 1) / 2) * k * 24;
-}
-
 /* Lanes [j0, j0 + 8 nv) (j0 a multiple of 16) of row i for the block of klen products at kl (a multiple of k). */
 __attribute__((target("avx2,fma"))) static void pass12_avx2(const job_t *J, const float *af, const int32_t *ea,
                                                            Py_ssize_t kl, Py_ssize_t j0, int nv, int klen,
@@ -327,32 +354,6 @@ __attribute__((target("avx2,fma"))) static void pass12_avx2(const job_t *J, cons
         pass12_group(J->p, af, ea, q + (Py_ssize_t)(v / 2) * k * 24, klen, k, emax + 8 * v, acc + 8 * v, 1);
 }
 
-/* Block bi (rows [bi k, bi k + k) of [0, kr)) of B (from row k0 of the Kp x N values b; decomposed exponents
- * e, row stride N) for the full 8-lane vectors of N, packed as [block][pair of vectors][row in block][16 int16
- * exponents, 16 float32 values]; rows past kr and the second half of a last odd pair are padded with zeros
- * (exponent ZERO_EXP). 0 if an exponent is out of [-40, 40] (see to_f32). */
-static int pack_b(const double *b, const int32_t *e, Py_ssize_t kr, Py_ssize_t N, int k, Py_ssize_t bi, float *out)
-{
-    const Py_ssize_t nvt = N / 8, npt = (nvt + 1) / 2;
-    int bad = 0;
-    for (Py_ssize_t pv = 0; pv < npt; pv++)
-        for (int l = 0; l < k; l++) {
-            Py_ssize_t r = bi * k + l;
-            float *o = out + ((bi * npt + pv) * k + l) * 24;
-            int16_t ex16[16];
-            for (int t = 0; t < 16; t++) {
-                Py_ssize_t j = pv * 16 + t;
-                int in = r < kr && j < nvt * 8;
-                int32_t ex = in ? e[r * N + j] : ZERO_EXP;
-                int z = ex == ZERO_EXP;
-                bad |= (!z) & ((ex < -40) | (ex > 40));
-                ex16[t] = (int16_t)ex;
-                o[8 + t] = z ? 0.0f : (float)b[r * N + j];
-            }
-            memcpy(o, ex16, sizeof ex16);
-        }
-    return !bad;
-}
 #endif
 
 #if HAVE_AVX2_PATH
