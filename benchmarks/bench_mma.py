@@ -14,7 +14,8 @@ For h100 fp16->fp32, bf16->fp32 and fp8_e4m3->fp32, one size^3 GEMM (N(0,1) inpu
 and the bit identity of the compiled and NumPy results over the whole GEMM. Timings are the best of
 ``--repeat`` runs, the variants interleaved in each round (the machine is shared: compare ratios from one
 run, and read them beside the load average). Peak extra memory: tracemalloc sees only Python (NumPy)
-allocations; the compiled kernel's own buffers (decomposed inputs, 16 bytes per input element, and
+allocations; the compiled kernel's own buffers (decomposed inputs, 16 bytes per input element, 4 (A) and
+6 (B) more for the AVX2 loop's float32 copies, and
 per-thread stack tiles of 128 lanes) are given as a computed bound beside it. Generic models: exact
 (NumPy: BLAS on error-free slices), wide, fma_chain and pairwise (compiled kernel and NumPy reference).
 """
@@ -147,8 +148,9 @@ def main() -> None:
         if have_c:
             peak_c = _peak(lambda: _run(a, b, model, True, None))
             c_own = 16 * 2 * n * n + 2 * n * n // model.k  # int32 significands + exponents of A and B, flags
+            c_own += 4 * n * n + 6 * n * n  # the AVX2 loop's float32 A and packed B (issue 30; where it runs)
             line += (f", compiled path {peak_c / 2**20:.1f} MiB (Python side) + {c_own / 2**20:.1f} MiB in C "
-                     f"(decomposed inputs) + 8 KiB stack tiles per thread")
+                     f"(decomposed inputs, float32 copies) + 8 KiB stack tiles per thread")
         print(line)
         print(f"{'':22s} bit-identical: compiled vs NumPy {same if same is not None else 'n/a'} "
               f"(default threads, 1 thread); naive rows vs NumPy {naive_same}")

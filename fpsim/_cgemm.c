@@ -20,6 +20,12 @@
  * Special values (step 0): a block whose products or addend hold a NaN or an infinity gives NaN (a NaN, an
  * inf*0, or both infinities) or the infinity, exactly as fpsim.mma.model.specials.
  *
+ * AVX2 loop (issue 30; pass12_avx2, pass0_avx2, finish_avx2), used where the CPU has AVX2, impl() allows it
+ * and the inputs have <= 12 significant bits with exponents in [-40, 40]: steps 1-4 in float32 lanes (each
+ * product exact, Q_i one scaling and one truncating conversion) on a packed B, step 5 as a mask on the
+ * double's bits where the result is a normal number of the output format. The integer loop below is the
+ * reference beside it and runs everything else (tails past the last 8-lane vector, dot mode, other inputs).
+ *
  * Vectorised over outputs (the inner loops run over N, contiguous, in 32-bit lanes), tiled (one tile of
  * MT x NT outputs is chained over all of K with the k x NT block of B in L1), and threaded over tiles with
  * pthreads, the GIL released. Every output is computed by one thread from its own inputs only, so the
@@ -40,6 +46,13 @@
 #define CLONES
 #endif
 
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define HAVE_AVX2_PATH 1
+#else
+#define HAVE_AVX2_PATH 0
+#endif
+
 #define ZERO_EXP (-20000) /* exponent of a zero (or non-finite) input: never wins E_max */
 #define NT_MAX 256
 
@@ -52,6 +65,7 @@ typedef struct {
     /* decomposed inputs over the K range [k0, k1) (kr = k1 - k0 columns / rows) */
     const int32_t *ma, *ea; /* M x kr */
     const int32_t *mbv, *eb; /* kr x N */
+    const float *af, *bf;    /* the same inputs as float32 (M x kr, kr x N) for the AVX2 path, or NULL */
     const double *A, *B;    /* the original values (M x Kp, Kp x N): only for special blocks */
     const uint8_t *fa;      /* M x nb: a row block holds a NaN/inf */
     const uint8_t *fb;      /* nb x N: a column block holds a NaN/inf */
@@ -205,6 +219,223 @@ static inline __attribute__((always_inline)) void finish(const int32_t *emax, co
     }
 }
 
+/* Which pass 1-2 loop runs: 0 auto (AVX2 where the CPU has it), 1 scalar (the reference loop below, which the
+ * compiler may still vectorise), 2 avx2 (refused where the CPU lacks it). Set by _cgemm.impl(). */
+static int impl_mode = 0;
+
+static int have_avx2(void)
+{
+#if HAVE_AVX2_PATH
+    return __builtin_cpu_supports("avx2");
+#else
+    return 0;
+#endif
+}
+
+/* floats in the packed B of kr rows and N columns (pack_b) */
+static Py_ssize_t packed_b_size(Py_ssize_t kr, Py_ssize_t N, int k)
+{
+    return ((kr + k - 1) / k) * ((N / 8 + 1) / 2) * k * 24;
+}
+
+/* Block bi (rows [bi k, bi k + k) of [0, kr)) of B (from row k0 of the Kp x N values b; decomposed exponents
+ * e, row stride N) for the full 8-lane vectors of N, packed as [block][pair of vectors][row in block][16 int16
+ * exponents, 16 float32 values]; rows past kr and the second half of a last odd pair are padded with zeros
+ * (exponent ZERO_EXP). 0 if an exponent is out of [-40, 40] (see to_f32). */
+static int pack_b(const double *b, const int32_t *e, Py_ssize_t kr, Py_ssize_t N, int k, Py_ssize_t bi, float *out)
+{
+    const Py_ssize_t nvt = N / 8, npt = (nvt + 1) / 2;
+    int bad = 0;
+    for (Py_ssize_t pv = 0; pv < npt; pv++)
+        for (int l = 0; l < k; l++) {
+            Py_ssize_t r = bi * k + l;
+            float *o = out + ((bi * npt + pv) * k + l) * 24;
+            int16_t ex16[16];
+            for (int t = 0; t < 16; t++) {
+                Py_ssize_t j = pv * 16 + t;
+                int in = r < kr && j < nvt * 8;
+                int32_t ex = in ? e[r * N + j] : ZERO_EXP;
+                int z = ex == ZERO_EXP;
+                bad |= (!z) & ((ex < -40) | (ex > 40));
+                ex16[t] = (int16_t)ex;
+                o[8 + t] = z ? 0.0f : (float)b[r * N + j];
+            }
+            memcpy(o, ex16, sizeof ex16);
+        }
+    return !bad;
+}
+
+#if HAVE_AVX2_PATH
+/* Passes 1-2 in float32 for lanes [0, nv*8) of one row and one block (the caller checks the conditions):
+ * inputs of <= 12 significant bits and exponents in [-40, 40] (bfma_gemm checks both), so a*b is exact in
+ * float32 (<= 24 bits, >= 2**-102, < 2**82). Q_i = trunc(a b 2**(23 + neab - E_max)) is the integer
+ * loop's sign * (|m_a m_b| 2**G >> (E_max - E_i + c0)) (same value: both are the product truncated to the
+ * grid); the scale S is a power of two, so a*b*S is exact unless it is below 2**-126, and then < 1 and
+ * truncated to 0 either way. |Q_i| < 2**(25 + neab) <= 2**31, so vcvttps2dq (truncation) is exact; the
+ * int32 sums are widened every cs products as in the integer loop. Four vectors (32 lanes) at a time keep
+ * E_max, S and the sums in registers over the whole block: one broadcast of a per product row, then per
+ * vector a load, two multiplies, a conversion and an add. */
+/* NV (1, 2 or 4) vectors of one row: a compile-time count, so that the arrays below live in registers.
+ * q: the packed B of this block at the first pair of vectors (see pack_b): per pair of vectors, per product
+ * row l, 16 int16 exponents then 16 float32 values, so that the block's B for a group of lanes is one
+ * contiguous run. E_max is found in int16 lanes (16 outputs per instruction; the exponents of values fit,
+ * and the saturating add keeps the zeros' ZERO_EXP sums, now -32768, below any real exponent). */
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+pass12_group(const prm_t *p, const float *af, const int32_t *ea, const float *q, int k, int kpk, int32_t *emax,
+             double *acc, const int NV)
+{
+    const int NP = (NV + 1) / 2; /* pairs */
+    const int cs = p->cs;
+    const __m256i sbias = _mm256_set1_epi32(127 + 23 + p->neab);
+    const __m256i smax = _mm256_set1_epi32(254), smin = _mm256_set1_epi32(1);
+    __m256i em[4], ac[4], eh[2];
+    __m256 sc[4];
+    __m256d a0[4], a1[4];
+    for (int h = 0; h < NP; h++) {
+        __m256i lo = _mm256_loadu_si256((const __m256i *)(emax + 16 * h));
+        __m256i hi = NV > 1 ? _mm256_loadu_si256((const __m256i *)(emax + 16 * h + 8)) : lo;
+        eh[h] = _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xd8); /* lanes in order */
+    }
+    /* pass 1: E_max = max(E_c or mel (already in emax), ea + eb) */
+    for (int l = 0; l < k; l++) {
+        const __m256i e = _mm256_set1_epi16((int16_t)ea[l]);
+        for (int h = 0; h < NP; h++)
+            eh[h] = _mm256_max_epi16(eh[h], _mm256_adds_epi16(e, _mm256_loadu_si256((const __m256i *)(q + (h * kpk + l) * 24))));
+    }
+    for (int u = 0; u < NV; u++) {
+        __m128i half = (u & 1) ? _mm256_extracti128_si256(eh[u / 2], 1) : _mm256_castsi256_si128(eh[u / 2]);
+        em[u] = _mm256_cvtepi16_epi32(half);
+        _mm256_storeu_si256((__m256i *)(emax + 8 * u), em[u]);
+        /* S = 2**(23 + neab - E_max), its float32 exponent field clamped to the normal range (see above) */
+        __m256i f = _mm256_sub_epi32(sbias, em[u]);
+        f = _mm256_min_epi32(_mm256_max_epi32(f, smin), smax);
+        sc[u] = _mm256_castsi256_ps(_mm256_slli_epi32(f, 23));
+        a0[u] = _mm256_setzero_pd();
+        a1[u] = _mm256_setzero_pd();
+    }
+    /* pass 2: the truncated products, summed exactly */
+    for (int l0 = 0; l0 < k; l0 += cs) {
+        const int l1 = l0 + cs < k ? l0 + cs : k;
+        for (int u = 0; u < NV; u++)
+            ac[u] = _mm256_setzero_si256();
+        for (int l = l0; l < l1; l++) {
+            const __m256 a = _mm256_set1_ps(af[l]);
+            for (int u = 0; u < NV; u++) {
+                __m256 b = _mm256_loadu_ps(q + ((u / 2) * kpk + l) * 24 + 8 + 8 * (u & 1));
+                __m256 pr = _mm256_mul_ps(_mm256_mul_ps(a, b), sc[u]);
+                ac[u] = _mm256_add_epi32(ac[u], _mm256_cvttps_epi32(pr));
+            }
+        }
+        for (int u = 0; u < NV; u++) {
+            a0[u] = _mm256_add_pd(a0[u], _mm256_cvtepi32_pd(_mm256_castsi256_si128(ac[u])));
+            a1[u] = _mm256_add_pd(a1[u], _mm256_cvtepi32_pd(_mm256_extracti128_si256(ac[u], 1)));
+        }
+    }
+    for (int u = 0; u < NV; u++) {
+        _mm256_storeu_pd(acc + 8 * u, a0[u]);
+        _mm256_storeu_pd(acc + 8 * u + 4, a1[u]);
+    }
+}
+
+/* Lanes [j0, j0 + 8 nv) (j0 a multiple of 16) of row i for the block of klen products at kl (a multiple of k). */
+__attribute__((target("avx2,fma"))) static void pass12_avx2(const job_t *J, const float *af, const int32_t *ea,
+                                                           Py_ssize_t kl, Py_ssize_t j0, int nv, int klen,
+                                                           int32_t *emax, double *acc)
+{
+    const int k = J->p->k;
+    const Py_ssize_t npt = (J->N / 8 + 1) / 2;
+    const float *q = J->bf + ((kl / k) * npt + j0 / 16) * (Py_ssize_t)k * 24;
+    int v = 0;
+    for (; v + 4 <= nv; v += 4)
+        pass12_group(J->p, af, ea, q + (Py_ssize_t)(v / 2) * k * 24, klen, k, emax + 8 * v, acc + 8 * v, 4);
+    for (; v + 2 <= nv; v += 2)
+        pass12_group(J->p, af, ea, q + (Py_ssize_t)(v / 2) * k * 24, klen, k, emax + 8 * v, acc + 8 * v, 2);
+    if (v < nv)
+        pass12_group(J->p, af, ea, q + (Py_ssize_t)(v / 2) * k * 24, klen, k, emax + 8 * v, acc + 8 * v, 1);
+}
+
+#endif
+
+#if HAVE_AVX2_PATH
+/* Pass 0 of block_row (the same values) for lanes [0, n8), n8 a multiple of 8: per 8 lanes, the exponent
+ * fields are taken from the doubles' high words in one int32 vector. Returns whether an addend is NaN/inf. */
+__attribute__((target("avx2,fma"))) static int pass0_avx2(const double *cin, int n8, int32_t floor_e,
+                                                         int32_t *emax, double *cf, double *cnf)
+{
+    const __m256i m11 = _mm256_set1_epi64x(0x7ff), z64 = _mm256_setzero_si256();
+    const __m256i e11 = _mm256_set1_epi32(0x7ff), z32 = _mm256_setzero_si256();
+    const __m256i bias = _mm256_set1_epi32(1023), lo = _mm256_set1_epi32(-126), fl = _mm256_set1_epi32(floor_e);
+    __m256i spec = _mm256_setzero_si256();
+    for (int j = 0; j < n8; j += 8) {
+        __m256d c0 = _mm256_loadu_pd(cin + j), c1 = _mm256_loadu_pd(cin + j + 4);
+        /* per double: non-finite (cnf) and finite non-zero (cf) */
+        __m256i f0 = _mm256_and_si256(_mm256_srli_epi64(_mm256_castpd_si256(c0), 52), m11);
+        __m256i f1 = _mm256_and_si256(_mm256_srli_epi64(_mm256_castpd_si256(c1), 52), m11);
+        __m256i n0 = _mm256_cmpeq_epi64(f0, m11), n1 = _mm256_cmpeq_epi64(f1, m11);
+        __m256i k0 = _mm256_or_si256(n0, _mm256_cmpeq_epi64(f0, z64)), k1 = _mm256_or_si256(n1, _mm256_cmpeq_epi64(f1, z64));
+        _mm256_storeu_pd(cnf + j, _mm256_and_pd(c0, _mm256_castsi256_pd(n0)));
+        _mm256_storeu_pd(cnf + j + 4, _mm256_and_pd(c1, _mm256_castsi256_pd(n1)));
+        _mm256_storeu_pd(cf + j, _mm256_andnot_pd(_mm256_castsi256_pd(k0), c0));
+        _mm256_storeu_pd(cf + j + 4, _mm256_andnot_pd(_mm256_castsi256_pd(k1), c1));
+        spec = _mm256_or_si256(spec, _mm256_or_si256(n0, n1));
+        /* the eight exponent fields in order: the high words of c0 then c1 */
+        __m256i hi = _mm256_castps_si256(_mm256_shuffle_ps(_mm256_castpd_ps(c0), _mm256_castpd_ps(c1), 0xdd));
+        hi = _mm256_permute4x64_epi64(hi, 0xd8);
+        __m256i ef = _mm256_and_si256(_mm256_srli_epi32(hi, 20), e11);
+        __m256i bad = _mm256_or_si256(_mm256_cmpeq_epi32(ef, e11), _mm256_cmpeq_epi32(ef, z32));
+        __m256i ec = _mm256_max_epi32(_mm256_max_epi32(_mm256_sub_epi32(ef, bias), lo), fl);
+        _mm256_storeu_si256((__m256i *)(emax + j), _mm256_blendv_epi8(ec, fl, bad));
+    }
+    return !_mm256_testz_si256(spec, spec);
+}
+#endif
+
+#if HAVE_AVX2_PATH
+/* Pass 3 for lanes [0, n4) (n4 a multiple of 4) where the AVX2 loop ran. y = (acc + qc) 2**L is exact in a
+ * double (|acc + qc| < 2**53, 2**-1000 <= 2**L <= 2**1000). Where the result is a normal number of the
+ * output format (the common case), rounding to mb fraction bits is a mask of y's low 52 - mb bits (RZ) or
+ * the carry trick below it (RNE), four lanes at a time and without a branch; if any lane is another case
+ * (an output subnormal, an overflow), finish() redoes them all. */
+__attribute__((target("avx2,fma"))) static void finish_avx2(const int32_t *emax, const double *acc,
+                                                           const double *cf, double *cout, int n4,
+                                                           const prm_t *p)
+{
+    const int drop = 52 - p->mb; /* mb <= 28 (checked), so 24 <= drop <= 52 */
+    const __m128i sh0 = _mm_set1_epi32(23 + p->neab), lmin = _mm_set1_epi32(-1000), lmax = _mm_set1_epi32(1000);
+    const __m256i bias = _mm256_set1_epi64x(1023), absm = _mm256_set1_epi64x(0x7fffffffffffffffLL);
+    const __m256i keep = _mm256_set1_epi64x((int64_t)(~((1ULL << drop) - 1)));
+    const __m256i halfm1 = _mm256_set1_epi64x((int64_t)((1ULL << (drop - 1)) - 1)), one = _mm256_set1_epi64x(1);
+    const __m256i big = _mm256_set1_epi64x((int64_t)d2bits(pow2v(p->emax_out + 1)));
+    const __m256i small = _mm256_set1_epi64x((int64_t)d2bits(pow2v(p->emin_out)) - 1);
+    const __m256i zero = _mm256_setzero_si256();
+    __m256i allok = _mm256_set1_epi64x(-1);
+    for (int j = 0; j < n4; j += 4) {
+        __m128i l32 = _mm_sub_epi32(_mm_loadu_si128((const __m128i *)(emax + j)), sh0);
+        __m256i L = _mm256_cvtepi32_epi64(_mm_min_epi32(_mm_max_epi32(l32, lmin), lmax));
+        __m256d pL = _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_add_epi64(L, bias), 52));
+        __m256d pnL = _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_sub_epi64(bias, L), 52));
+        __m256d qc = _mm256_round_pd(_mm256_mul_pd(_mm256_loadu_pd(cf + j), pnL), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        __m256i yb = _mm256_castpd_si256(_mm256_mul_pd(_mm256_add_pd(_mm256_loadu_pd(acc + j), qc), pL));
+        __m256i ay = _mm256_and_si256(yb, absm);
+        __m256i rb = p->rne ? _mm256_add_epi64(yb, _mm256_add_epi64(halfm1, _mm256_and_si256(_mm256_srli_epi64(yb, drop), one)))
+                            : yb;
+        rb = _mm256_and_si256(rb, keep);
+        /* fast where y is 0 or a normal of the output format, and the rounded value does not overflow */
+        __m256i ok = _mm256_or_si256(_mm256_cmpeq_epi64(ay, zero), _mm256_cmpgt_epi64(ay, small));
+        ok = _mm256_andnot_si256(_mm256_cmpgt_epi64(_mm256_and_si256(rb, absm), _mm256_sub_epi64(big, one)), ok);
+        _mm256_storeu_pd(cout + j, _mm256_castsi256_pd(rb));
+        allok = _mm256_and_si256(allok, ok);
+    }
+    /* rare: redo every lane the general way (it reads emax, acc and cf only, never cout) */
+    if (_mm256_movemask_pd(_mm256_castsi256_pd(allok)) != 0xf) {
+        if (p->rne)
+            finish(emax, acc, cf, cout, n4, p, 1);
+        else
+            finish(emax, acc, cf, cout, n4, p, 0);
+    }
+}
+#endif
+
 /* One block of k products for row i and lanes [j0, j0+nt): cout[j] := BFMA(products, addend cin[j]).
  * cnf[j] receives the non-finite addends (0 elsewhere); returns whether there was one. cout may be cin.
  * Pass 3 works in doubles that hold integers exactly (|S| < 2**51): the sum, its exponent (from its bits),
@@ -221,7 +452,14 @@ CLONES static int block_row(const job_t *J, Py_ssize_t i, Py_ssize_t j0, int nt,
     const int32_t floor_e = p->has_mel ? p->mel : ZERO_EXP * 4;
     int anyspec = 0;
     /* pass 0: the addend's binary32 exponent (chain values are never double subnormals) */
-    for (int j = 0; j < nt; j++) {
+    int j00 = 0;
+#if HAVE_AVX2_PATH
+    if (J->af) {
+        j00 = nt & ~7;
+        anyspec = pass0_avx2(cin, j00, floor_e, emax, cf, cnf);
+    }
+#endif
+    for (int j = j00; j < nt; j++) {
         double c = cin[j];
         uint64_t bits = d2bits(c);
         int32_t ef = (int32_t)((bits >> 52) & 0x7ff);
@@ -268,27 +506,35 @@ CLONES static int block_row(const job_t *J, Py_ssize_t i, Py_ssize_t j0, int nt,
         }
         goto pass3;
     }
+    int jlo = 0; /* lanes [0, jlo) done by the AVX2 loop, the rest by the integer loop below */
+#if HAVE_AVX2_PATH
+    if (J->af) {
+        jlo = nt & ~7;
+        if (jlo)
+            pass12_avx2(J, J->af + i * J->kr + kl, ea, kl, j0, jlo / 8, k, emax, acc); /* k: klen here */
+    }
+#endif
     /* pass 1: E_max */
     for (int l = 0; l < k; l++) {
         const int32_t eai = ea[l];
         const int32_t *ebl = J->eb + (kl + l) * J->N + j0;
-        for (int j = 0; j < nt; j++) {
+        for (int j = jlo; j < nt; j++) {
             int32_t e = eai + ebl[j];
             emax[j] = e > emax[j] ? e : emax[j];
         }
     }
     /* pass 2: truncated products, summed exactly (int32 chunks that cannot overflow, then doubles) */
-    for (int j = 0; j < nt; j++)
+    for (int j = jlo; j < nt; j++)
         acc[j] = 0.0;
     for (int l0 = 0; l0 < k; l0 += cs) {
         int l1 = l0 + cs < k ? l0 + cs : k;
-        for (int j = 0; j < nt; j++)
+        for (int j = jlo; j < nt; j++)
             acc32[j] = 0;
         for (int l = l0; l < l1; l++) {
             const int32_t mai = ma[l], eai = ea[l] - c0;
             const int32_t *mbl = J->mbv + (kl + l) * J->N + j0;
             const int32_t *ebl = J->eb + (kl + l) * J->N + j0;
-            for (int j = 0; j < nt; j++) {
+            for (int j = jlo; j < nt; j++) {
                 int32_t m = mai * mbl[j];
                 int32_t sh = emax[j] - eai - ebl[j];
                 sh = sh < 31 ? sh : 31;
@@ -297,15 +543,23 @@ CLONES static int block_row(const job_t *J, Py_ssize_t i, Py_ssize_t j0, int nt,
                 acc32[j] += ((am >> sh) ^ s) - s;
             }
         }
-        for (int j = 0; j < nt; j++)
+        for (int j = jlo; j < nt; j++)
             acc[j] += (double)acc32[j];
     }
 pass3:;
     /* pass 3: add the truncated addend, round to mb bits, store */
+    int jf = 0;
+#if HAVE_AVX2_PATH
+    if (J->af) {
+        jf = nt & ~3;
+        if (jf)
+            finish_avx2(emax, acc, cf, cout, jf, p);
+    }
+#endif
     if (p->rne)
-        finish(emax, acc, cf, cout, nt, p, 1);
+        finish(emax + jf, acc + jf, cf + jf, cout + jf, nt - jf, p, 1);
     else
-        finish(emax, acc, cf, cout, nt, p, 0);
+        finish(emax + jf, acc + jf, cf + jf, cout + jf, nt - jf, p, 0);
     return anyspec;
 }
 
@@ -319,6 +573,10 @@ static void run_tile(const job_t *JB, Py_ssize_t t)
         t -= bt * JB->tiles_batch;
         Py_ssize_t M = JB->M, N = JB->N, Kp = JB->Kp, kr = JB->kr, nb = JB->nb;
         Jl.ma += bt * M * kr; Jl.ea += bt * M * kr; Jl.mbv += bt * kr * N; Jl.eb += bt * kr * N;
+        if (Jl.af) {
+            Jl.af += bt * M * kr;
+            Jl.bf += bt * packed_b_size(kr, N, JB->p->k);
+        }
         Jl.A += bt * M * Kp; Jl.B += bt * Kp * N; Jl.fa += bt * M * nb; Jl.fb += bt * nb * N; Jl.D += bt * M * N;
     }
     const prm_t *p = J->p;
@@ -429,6 +687,97 @@ CLONES static void decompose(const double *x, Py_ssize_t n, int mbits, int emin,
     }
 }
 
+/* x as float32 where its decomposed exponent e is in [-40, 40], 0 for zeros and non-finite values (their
+ * blocks are redone by block_special); returns 0 if an exponent is out of that range. The inputs have at
+ * most 12 significant bits here, so the conversion is exact. */
+static int to_f32(const double *x, const int32_t *e, Py_ssize_t n, float *out)
+{
+    int bad = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int z = e[i] == ZERO_EXP;
+        bad |= (!z) & ((e[i] < -40) | (e[i] > 40));
+        out[i] = z ? 0.0f : (float)x[i];
+    }
+    return !bad;
+}
+
+static int use_avx2(void) { return impl_mode != 1 && have_avx2(); }
+
+static PyObject *impl(PyObject *self, PyObject *args)
+{
+    (void)self;
+    const char *name = NULL;
+    static const char *names[] = {"auto", "scalar", "avx2"};
+    if (!PyArg_ParseTuple(args, "|s", &name))
+        return NULL;
+    const char *was = names[impl_mode];
+    if (name) {
+        int m = -1;
+        for (int i = 0; i < 3; i++)
+            if (!strcmp(name, names[i]))
+                m = i;
+        if (m < 0) {
+            PyErr_Format(PyExc_ValueError, "impl: unknown loop %R; valid: 'auto', 'scalar', 'avx2'", PyTuple_GET_ITEM(args, 0));
+            return NULL;
+        }
+        if (m == 2 && !have_avx2()) {
+            PyErr_SetString(PyExc_ValueError, "impl: 'avx2' needs an x86-64 CPU with AVX2 (this one has none)");
+            return NULL;
+        }
+        impl_mode = m;
+    }
+    return PyUnicode_FromString(was);
+}
+
+/* The inputs' preparation outside dot mode (decomposition, NaN/inf flags, the AVX2 loop's float32 copies),
+ * split over threads: A by rows, B by blocks of k rows of Kp, so that every flag byte and packed block is
+ * written by one thread. */
+typedef struct {
+    const double *A, *B;
+    int32_t *ma, *ea, *mbv, *eb;
+    uint8_t *fa, *fb;
+    float *af, *bf; /* NULL: no float32 copies */
+    Py_ssize_t M, N, Kp, k0, kr, nb, nbatch;
+    const prm_t *p;
+    int nthreads, tid, bad;
+} prep_t;
+
+static void *prep_worker(void *arg)
+{
+    prep_t *P = (prep_t *)arg;
+    const prm_t *p = P->p;
+    const Py_ssize_t M = P->M, N = P->N, Kp = P->Kp, k0 = P->k0, kr = P->kr, nb = P->nb;
+    const int k = p->k;
+    for (Py_ssize_t bt = 0; bt < P->nbatch; bt++) {
+        const double *a = P->A + bt * M * Kp, *b = P->B + bt * Kp * N;
+        int32_t *ma = P->ma + bt * M * kr, *ea = P->ea + bt * M * kr;
+        int32_t *mbv = P->mbv + bt * kr * N, *eb = P->eb + bt * kr * N;
+        uint8_t *fa = P->fa + bt * M * nb, *fb = P->fb + bt * nb * N;
+        for (Py_ssize_t i = P->tid; i < M; i += P->nthreads) {
+            decompose(a + i * Kp + k0, kr, p->mbits_in, p->emin_in, p->G, ma + i * kr, ea + i * kr);
+            for (Py_ssize_t kk = 0; kk < Kp; kk++)
+                if (!isfinite(a[i * Kp + kk]))
+                    fa[i * nb + kk / k] = 1;
+            if (P->af && !to_f32(a + i * Kp + k0, ea + i * kr, kr, P->af + bt * M * kr + i * kr))
+                P->bad = 1;
+        }
+        for (Py_ssize_t bi = P->tid; bi < nb; bi += P->nthreads) {
+            Py_ssize_t r0 = bi * k, r1 = r0 + k < Kp ? r0 + k : Kp;
+            for (Py_ssize_t kk = r0; kk < r1; kk++)
+                for (Py_ssize_t j = 0; j < N; j++)
+                    if (!isfinite(b[kk * N + j]))
+                        fb[bi * N + j] = 1;
+            Py_ssize_t d0 = r0 > k0 ? r0 : k0, d1 = r1 < k0 + kr ? r1 : k0 + kr;
+            if (d0 < d1) { /* k0 is a multiple of k: this is block (d0 - k0) / k of [k0, k0 + kr) */
+                decompose(b + d0 * N, (d1 - d0) * N, p->mbits_in, p->emin_in, 0, mbv + (d0 - k0) * N, eb + (d0 - k0) * N);
+                if (P->bf && !pack_b(b + k0 * N, eb, kr, N, k, (d0 - k0) / k, P->bf + bt * packed_b_size(kr, N, k)))
+                    P->bad = 1;
+            }
+        }
+    }
+    return NULL;
+}
+
 static PyObject *bfma_gemm(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -479,6 +828,7 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
     int caller_mode = fegetround(); /* the rounding steps assume round to nearest; threads inherit it */
     fesetround(FE_TONEAREST);
     Py_ssize_t na = rowwise ? kr * N : M * kr;
+    float *af32 = NULL, *bf32 = NULL;
     int32_t *ma = malloc(sizeof(int32_t) * (size_t)(na * nbatch)), *ea = malloc(sizeof(int32_t) * (size_t)(na * nbatch));
     int32_t *mbv = malloc(sizeof(int32_t) * (size_t)(kr * N * nbatch));
     int32_t *eb = malloc(sizeof(int32_t) * (size_t)(kr * N * nbatch));
@@ -486,23 +836,40 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
     if (!ma || !ea || !mbv || !eb || !fa || !fb) {
         err = 1;
     } else {
-      for (Py_ssize_t bt = 0; bt < nbatch; bt++) { /* decompose every batch entry */
-        const double *a = (const double *)A.buf + bt * M * Kp, *b = (const double *)B.buf + bt * Kp * N;
-        int32_t *ma_ = ma + bt * M * kr, *ea_ = ea + bt * M * kr, *mbv_ = mbv + bt * kr * N, *eb_ = eb + bt * kr * N;
-        uint8_t *fa_ = fa + bt * M * nb, *fb_ = fb + bt * nb * N;
-        if (rowwise) {
-            decompose(a + k0 * N, kr * N, p.mbits_in, p.emin_in, p.G, ma_, ea_);
-            for (Py_ssize_t kk = 0; kk < Kp; kk++)
-                for (Py_ssize_t j = 0; j < N; j++)
-                    if (!isfinite(a[kk * N + j]))
-                        fa_[(kk / p.k) * N + j] = 1;
+        /* The AVX2 loop where its conditions hold (see pass12_avx2; tiles start at pairs of vectors) */
+        if (!rowwise && p.mbits_in <= 11 && (NT % 16 == 0 || N <= NT) && use_avx2()) {
+            af32 = malloc(sizeof(float) * (size_t)(M * kr * nbatch));
+            bf32 = malloc(sizeof(float) * (size_t)(packed_b_size(kr, N, p.k) * nbatch) + 1);
+            if (!af32 || !bf32) { /* then the integer loop (the same bits) */
+                free(af32); free(bf32);
+                af32 = bf32 = NULL;
+            }
         }
-        for (Py_ssize_t i = 0; i < M && !rowwise; i++) {
-            decompose(a + i * Kp + k0, kr, p.mbits_in, p.emin_in, p.G, ma_ + i * kr, ea_ + i * kr);
-            for (Py_ssize_t kk = 0; kk < Kp; kk++)
-                if (!isfinite(a[i * Kp + kk]))
-                    fa_[i * nb + kk / p.k] = 1;
+        if (!rowwise) {
+            prep_t pj[64];
+            int np = clamp_threads(nthreads, M > nb ? M : nb);
+            for (int t = 0; t < np; t++) {
+                pj[t] = (prep_t){(const double *)A.buf, (const double *)B.buf, ma, ea, mbv, eb, fa, fb, af32, bf32,
+                                 M, N, Kp, k0, kr, nb, nbatch, &p, np, t, 0};
+            }
+            run_jobs(pj, sizeof pj[0], np, prep_worker);
+            int bad = 0;
+            for (int t = 0; t < np; t++)
+                bad |= pj[t].bad;
+            if (bad) { /* an exponent out of the AVX2 loop's range: the integer loop (the same bits) */
+                free(af32); free(bf32);
+                af32 = bf32 = NULL;
+            }
         }
+      for (Py_ssize_t bt = 0; bt < nbatch && rowwise; bt++) { /* dot mode: A is Kp x N like B */
+        const double *a = (const double *)A.buf, *b = (const double *)B.buf;
+        int32_t *ma_ = ma, *ea_ = ea, *mbv_ = mbv, *eb_ = eb;
+        uint8_t *fa_ = fa, *fb_ = fb;
+        decompose(a + k0 * N, kr * N, p.mbits_in, p.emin_in, p.G, ma_, ea_);
+        for (Py_ssize_t kk = 0; kk < Kp; kk++)
+            for (Py_ssize_t j = 0; j < N; j++)
+                if (!isfinite(a[kk * N + j]))
+                    fa_[(kk / p.k) * N + j] = 1;
         decompose(b + k0 * N, kr * N, p.mbits_in, p.emin_in, 0, mbv_, eb_);
         for (Py_ssize_t kk = 0; kk < Kp; kk++)
             for (Py_ssize_t j = 0; j < N; j++)
@@ -511,6 +878,7 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
       }
         job_t base;
         base.ma = ma; base.ea = ea; base.mbv = mbv; base.eb = eb;
+        base.af = af32; base.bf = bf32;
         base.A = (const double *)A.buf; base.B = (const double *)B.buf;
         base.fa = fa; base.fb = fb; base.D = (double *)D.buf;
         base.M = M; base.N = N; base.Kp = Kp; base.k0 = k0; base.kr = kr; base.nb = nb;
@@ -528,7 +896,7 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
         }
         run_jobs(jobs, sizeof jobs[0], nthreads, worker);
     }
-    free(ma); free(ea); free(mbv); free(eb); free(fa); free(fb);
+    free(ma); free(ea); free(mbv); free(eb); free(fa); free(fb); free(af32); free(bf32);
     fesetround(caller_mode);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&A); PyBuffer_Release(&B); PyBuffer_Release(&D);
@@ -740,6 +1108,10 @@ static PyMethodDef methods[] = {
      "bfma_gemm(A, B, D, M, N, Kp, k0, k1, params, nthreads, MT, NT, rowwise, nbatch): chain D (nbatch x M x N "
      "float64, in place) through the BFMA blocks of A[:, :, k0:k1] @ B[:, k0:k1, :] (float64, C order); "
      "rowwise: M = 1, nbatch = 1, A is Kp x N and D[j] chains sum_k A[k, j] * B[k, j] (dot)."},
+    {"impl", impl, METH_VARARGS,
+     "impl([name]): the previous choice of the block-FMA GEMM's inner loop, then sets it to name if given: 'auto' "
+     "(AVX2 where the CPU has it and the inputs allow: at most 12 significant bits, exponents within [-40, 40]), "
+     "'scalar' (the integer reference loop) or 'avx2' (as auto; ValueError without AVX2). The bits are the same."},
     {"generic_gemm", generic_gemm, METH_VARARGS,
      "generic_gemm(A, B, D, M, N, K, params, nthreads, MT, NT): D (M x N float64, the addends, in place) "
      "through the generic 'wide' or 'fma_chain' model of A @ B, then rounded to the output format."},

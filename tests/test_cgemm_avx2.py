@@ -1,0 +1,205 @@
+"""The AVX2 loops of the compiled block-FMA GEMM (fpsim/_cgemm.c, issue 30) against the integer loop and NumPy.
+
+``_cgemm.impl("auto")`` runs the block sums in float32 AVX2 lanes on a packed B (inputs of at most 12
+significant bits with exponents in [-40, 40]; other inputs, and lanes past the last full 8-lane vector, take
+the integer loop), and rounds normal results with an AVX2 mask; ``_cgemm.impl("scalar")`` is the integer
+reference loop. Both must give the NumPy reference's bits (fpsim.mma._bfma) on every BFMA preset: K not a
+multiple of the block, N with a tail past the last vector and over several 128-lane tiles, NaN/inf/subnormal
+operands, exponents across and beyond the alignment window, inputs outside the float32 loop's range,
+subnormal and overflowing outputs, batches, promotion, and 1 vs 2 threads.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pytest
+
+import fpsim
+from fpsim import rounding
+from fpsim.mma import gemm as G
+from fpsim.mma import get_model, preset_table
+
+C = G._cgemm
+pytestmark = pytest.mark.skipif(C is None or not hasattr(C, "impl"),
+                                reason="fpsim._cgemm (the compiled GEMM) is not built")
+
+
+def _has_avx2() -> bool:
+    if C is None or not hasattr(C, "impl"):
+        return False
+    old = C.impl()
+    try:
+        C.impl("avx2")
+    except ValueError:
+        return False
+    finally:
+        C.impl(old)
+    return True
+
+
+HAS_AVX2 = _has_avx2()
+
+
+def _presets() -> list[tuple[str, str, str, str | None]]:
+    keys = []
+    for row in preset_table():
+        if row["input"] is None or row["vendor"] != "NVIDIA":
+            continue
+        try:
+            m = get_model(row["device"], row["input"], row["output"], path=row["path"])
+        except ValueError:  # block-scaled paths are not single MMAModels
+            continue
+        if m.kind == "bfma":
+            keys.append((row["device"], row["input"], row["output"], row["path"]))
+    return keys
+
+
+PRESETS = _presets()
+IDS = ["-".join(str(x) for x in key if x) for key in PRESETS]
+
+
+def _bits(x: Any) -> np.ndarray:
+    """float64 bits, every NaN as one value (the payload is not modelled)."""
+    a = np.array(x, dtype=np.float64)
+    return np.where(np.isnan(a), np.nan, a).view(np.uint64)
+
+
+def _runs(fn: Callable[[], Any]) -> Iterator[tuple[str, np.ndarray]]:
+    """fn() on each compiled loop and thread count, then on the NumPy reference (label 'numpy')."""
+    old_impl, old_threads, old_c = C.impl(), rounding.max_threads, G.use_c_gemm
+    try:
+        G.use_c_gemm = True
+        for mode in (("scalar", "auto") if HAS_AVX2 else ("scalar",)):
+            C.impl(mode)
+            for th in (1, 2):
+                rounding.max_threads = th
+                yield f"{mode}/{th} threads", _bits(fn())
+        G.use_c_gemm = False
+        yield "numpy", _bits(fn())
+    finally:
+        C.impl(old_impl)
+        rounding.max_threads = old_threads
+        G.use_c_gemm = old_c
+
+
+def assert_all_same(fn: Callable[[], Any]) -> None:
+    runs = list(_runs(fn))
+    ref_name, ref = runs[-1]
+    for name, got in runs[:-1]:
+        bad = int((got != ref).sum())
+        assert bad == 0, f"{name}: {bad} of {ref.size} outputs differ from {ref_name}"
+
+
+def _values(rng: np.random.Generator, shape: tuple[int, ...], fmt: Any, spread: int) -> np.ndarray:
+    """Values of `fmt` (rounded by matmul): normals over +-spread binades, subnormals, zeros, the largest."""
+    x = rng.standard_normal(shape) * np.exp2(rng.integers(-spread, spread + 1, shape))
+    u = rng.random(shape)
+    sub = rng.integers(1, 2**fmt.mbits, shape) * 2.0 ** (fmt.emin - fmt.mbits) * rng.choice([-1, 1], shape)
+    x = np.where(u < 0.08, sub, x)
+    x = np.where((u >= 0.08) & (u < 0.16), 0.0, x)
+    return np.where((u >= 0.16) & (u < 0.18), rng.choice([-1, 1], shape) * fmt.max, x)
+
+
+@pytest.mark.parametrize("key", PRESETS, ids=IDS)
+def test_every_preset_all_loops_identical(key: tuple[str, str, str, str | None]) -> None:
+    m = get_model(key[0], key[1], key[2], path=key[3])
+    rng = np.random.default_rng(3030)
+    ki = m.instruction_k
+    # N: one vector, a tail past the last vector, several 128-lane tiles with a tail; K not a multiple of ki
+    for mm, kk, nn in ((3, 2 * ki + 5, 8), (5, ki + 3, 21), (4, 3 * ki - 1, 263)):
+        a = _values(rng, (mm, kk), m.input, 10)
+        b = _values(rng, (kk, nn), m.input, 10)
+        c = rng.standard_normal((mm, nn)) * np.exp2(rng.integers(-10, 11, (mm, nn)))
+        c[rng.random((mm, nn)) < 0.2] = 0.0
+        assert_all_same(lambda: fpsim.matmul(a, b, c, model=m))
+        assert_all_same(lambda: fpsim.matmul(a, b, model=m))
+
+
+@pytest.mark.parametrize("spec", ["h100:fp16", "h100:bf16", "h100:fp8_e4m3", "h100:fp8_e5m2", "h100:fp16:fp16",
+                                  "a100:tf32", "h100:fp8_e4m3:fp16", "v100:fp16:fp16"])
+def test_specials_shifts_and_outputs(spec: str) -> None:
+    m = fpsim.mma.as_model(spec)
+    rng = np.random.default_rng(17)
+    ki = m.instruction_k
+    mm, kk, nn = 6, 4 * ki + 3, 40
+    # alignment: products spread across and beyond the window, with exact cancellation in column 0
+    a = _values(rng, (mm, kk), m.input, 30)
+    b = _values(rng, (kk, nn), m.input, 30)
+    b[1::2, 0] = -b[0:-1:2, 0]
+    a[0, 1::2] = a[0, 0:-1:2]
+    c = rng.standard_normal((mm, nn)) * np.exp2(rng.integers(-30, 31, (mm, nn)))
+    assert_all_same(lambda: fpsim.matmul(a, b, c, model=m))
+    # NaN / inf operands and addends (lanes inside the AVX2 vectors and in the tail)
+    for x in (a, b, c):
+        flat = x.reshape(-1)
+        idx = rng.choice(flat.size, size=max(1, flat.size // 50), replace=False)
+        flat[idx] = rng.choice([np.nan, np.inf, -np.inf], size=idx.size)
+    assert_all_same(lambda: fpsim.matmul(a, b, c, model=m))
+    # outputs at the output format's edges: subnormal results (tiny addends, tiny products) and overflow
+    out = m.output
+    a = _values(rng, (mm, kk), m.input, 2)
+    b = _values(rng, (kk, nn), m.input, 2)
+    c = rng.choice([-1, 1], (mm, nn)) * rng.integers(1, 2**out.mbits, (mm, nn)) * 2.0 ** (out.emin - out.mbits)
+    assert_all_same(lambda: fpsim.matmul(a * 0.0, b, c, model=m))
+    # sums below the output's smallest normal with more bits than its subnormals hold (fp16 outputs; with
+    # fp32 outputs these inputs' products stay above 2**-126)
+    s = 2.0 ** ((out.emin - 4) // 2)
+    assert_all_same(lambda: fpsim.matmul(a * s, b * s, model=m))
+    assert_all_same(lambda: fpsim.matmul(a * s, b * s, c, model=m))
+    c[:, ::3] = out.max * rng.choice([-1, 1], (mm, (nn + 2) // 3))
+    assert_all_same(lambda: fpsim.matmul(a, b, c, model=m))
+    assert_all_same(lambda: fpsim.matmul(np.full((mm, kk), m.input.max), np.full((kk, nn), m.input.max), model=m))
+
+
+def test_inputs_outside_the_float32_loop_range() -> None:
+    """bf16 values beyond 2**+-40 take the integer loop for the whole call (same bits); in range, AVX2."""
+    m = get_model("h100", "bf16")
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((7, 50))
+    b = rng.standard_normal((50, 33))
+    assert_all_same(lambda: fpsim.matmul(a, b, model=m))
+    for scale in (2.0**60, 2.0**-60, 2.0**41, 2.0**-41):
+        a2 = a.copy()
+        a2[3, 7] *= scale
+        assert_all_same(lambda: fpsim.matmul(a2, b, model=m))
+
+
+def test_batches_and_promotion() -> None:
+    m = get_model("h100", "fp16")
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((3, 5, 70))
+    b = rng.standard_normal((3, 70, 24))
+    assert_all_same(lambda: fpsim.matmul(a, b, model=m))
+    a2, b2 = a[0], b[0]
+    assert_all_same(lambda: fpsim.matmul(a2, b2, model=m, promote_every=32))
+
+
+def test_large_tile_grid_threads() -> None:
+    """Several row and column tiles split over threads (the bits never depend on the thread count)."""
+    m = get_model("h100", "fp16")
+    rng = np.random.default_rng(12)
+    a = rng.standard_normal((67, 96))
+    b = rng.standard_normal((96, 300))
+    c = rng.standard_normal((67, 300))
+    assert_all_same(lambda: fpsim.matmul(a, b, c, model=m))
+
+
+def test_impl_switch() -> None:
+    old = C.impl()
+    assert old in ("auto", "scalar", "avx2")
+    try:
+        assert C.impl("scalar") == old
+        assert C.impl() == "scalar"
+        with pytest.raises(ValueError, match="'auto', 'scalar', 'avx2'"):
+            C.impl("sse")
+        assert C.impl() == "scalar"  # a refused name changes nothing
+        if HAS_AVX2:
+            assert C.impl("avx2") == "scalar"
+        else:
+            with pytest.raises(ValueError, match="AVX2"):
+                C.impl("avx2")
+    finally:
+        C.impl(old)
+    assert C.impl() == old
