@@ -210,6 +210,7 @@ def test_run_all_leaves_what_it_finished_when_stopped(tmp_path: Path, monkeypatc
     monkeypatch.setattr(ra, "WGMMA_PATHS", (("fp8_e4m3", "fp32"),))
     monkeypatch.setattr(ra, "GENERATION_INSTRUCTIONS", {k: v for k, v in ra.GENERATION_INSTRUCTIONS.items()
                                                         if k == "sm_75 m16n8k8 fp16->fp32"})
+    monkeypatch.setattr(ra, "BLOCK_SCALED_INSTRUCTIONS", {})  # tests/test_gpu_blockscaled.py
     monkeypatch.setattr(conv, "CONVERSIONS", {k: v for k, v in conv.CONVERSIONS.items() if k[0] == "fp8_e4m3"})
 
     def killed(*a, **kw):  # type: ignore[no-untyped-def]
