@@ -82,6 +82,10 @@ class MMAInstruction:
         capability `min_cc` exactly, not on later ones.
     preset : str
         The fpsim device whose presets this generation's own instruction checks ("" for the shared shapes).
+    quad_pairs : bool
+        Volta's ``mma.sync.aligned.m8n8k4``: the warp runs four independent 8x8x4 products, one per quad pair
+        (lanes 4q..4q+3 and 4q+16..4q+19). fpsim stacks the four A and C/D matrices into one 32-row tile and gives
+        every quad pair the same B, so a warp still computes one (m = 32) x 8 x 4 tile.
     scale, scale_vec : str, int
         For the block-scaled ``mma.sync ... kind::mxf8f6f4 / mxf4 / mxf4nvf4 .block_scale.scale_vec::{1,2,4}X``:
         the scale type (``"ue8m0"`` or ``"ue4m3"``) and scales per row of A / column of B per instruction;
@@ -101,6 +105,7 @@ class MMAInstruction:
     preset: str = ""
     scale: str = ""
     scale_vec: int = 0
+    quad_pairs: bool = False
 
     @property
     def arch(self) -> str:
@@ -141,6 +146,8 @@ class MMAInstruction:
 
     @property
     def b_regs(self) -> int:
+        if self.quad_pairs:  # each quad pair holds the whole 4x8 B: 4 elements per lane
+            return 4 // self.per_reg
         return self.k * self.n // 32 // self.per_reg
 
     @property
@@ -157,6 +164,8 @@ class MMAInstruction:
         """The instruction mnemonic, e.g. ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32``."""
         ti, to = _PTX_TYPE[self.input.name], _PTX_TYPE[self.output.name]
         kind = f".kind::{self.kind}" if self.kind else ""
+        if self.quad_pairs:
+            return f"mma.sync.aligned.m8n8k4.row.col.{to}.{ti}.{ti}.{to}"
         if self.scale:  # PTX ISA 8.7 order: ...row.col.kind.block_scale.scale_vec_size.f32.atype.btype.f32.stype
             kind += f".block_scale.scale_vec::{self.scale_vec}X"
             return f"mma.sync.aligned.m{self.m}n{self.n}k{self.k}.row.col{kind}.{to}.{ti}.{ti}.{to}.{self.scale}"
@@ -167,6 +176,8 @@ class MMAInstruction:
         if self.scale:
             return f"{self.arch} m{self.m}n{self.n}k{self.k} {self.kind} {self.scale}/{self.block} " \
                    f"{self.input.name}->{self.output.name}"
+        if self.quad_pairs:
+            return f"{self.arch} m8n8k4 {self.input.name}->{self.output.name}"
         if self.preset:
             return f"{self.arch} m{self.m}n{self.n}k{self.k}{' ' + self.kind if self.kind else ''} " \
                    f"{self.input.name}->{self.output.name}"
@@ -190,6 +201,10 @@ PATHS: tuple[tuple[str, str], ...] = tuple(_INSTRUCTIONS)
 # Each generation's own instructions, beside the shared sm_80 shapes above: Turing's m16n8k8 (sm_75; later GPUs
 # run it too) and sm_120a's kind::f8f6f4 (RTX Blackwell only: the "a" target). Keyed by their label.
 _GENERATION: tuple[MMAInstruction, ...] = (
+    # Volta's m8n8k4 (PTX ISA 6.4, sm_70+; "optimized for sm_70, may have substantially reduced performance on
+    # other target architectures"): four quad-pair products per warp, stacked into a 32 x 8 x 4 tile
+    MMAInstruction(fp16, fp32, 4, 70, "6.4", m=32, preset="v100", quad_pairs=True),
+    MMAInstruction(fp16, fp16, 4, 70, "6.4", m=32, preset="v100", quad_pairs=True),
     MMAInstruction(fp16, fp32, 8, 75, "6.5", preset="t4"),
     MMAInstruction(fp16, fp16, 8, 75, "6.5", preset="t4"),
     *(MMAInstruction(as_format(f), as_format(o), 32, 120, "8.7", kind="f8f6f4", arch_suffix="a", preset="rtx5090")
@@ -246,6 +261,8 @@ def fragment_coords(ins: MMAInstruction, operand: str) -> tuple[np.ndarray, np.n
     """
     lane = np.arange(32)[:, None]
     g, t = lane >> 2, lane % 4
+    if ins.quad_pairs:
+        return _quad_pair_coords(ins, operand)
     if operand == "a":
         e = ins.per_reg
         i = np.arange(ins.m * ins.k // 32)[None, :]
@@ -263,6 +280,28 @@ def fragment_coords(ins: MMAInstruction, operand: str) -> tuple[np.ndarray, np.n
     else:
         raise ValueError(f"operand must be 'a', 'b' or 'c', got {operand!r}")
     return np.broadcast_to(row, col.shape).copy(), col
+
+
+def _quad_pair_coords(ins: MMAInstruction, operand: str) -> tuple[np.ndarray, np.ndarray]:
+    """m8n8k4 (PTX ISA "Matrix Fragments for mma.m8n8k4 with .f16"), quad pair q = (lane >> 2) & 3 owning rows
+    8q..8q+7 of the stacked tile; ``hi`` = lane >= 16 (the quad pair's high group)."""
+    lane = np.arange(32)[:, None]
+    q, hi, t = (lane >> 2) & 3, (lane >= 16).astype(np.int64), lane % 4
+    if operand == "a":  # row-major A: row lane % 4 (+4 high), col i
+        i = np.arange(4)[None, :]
+        return np.broadcast_to(8 * q + t + 4 * hi, (32, 4)).copy(), np.broadcast_to(i, (32, 4)).copy()
+    if operand == "b":  # column-major B: row i, col lane % 4 (+4 high)
+        i = np.arange(4)[None, :]
+        return np.broadcast_to(i, (32, 4)).copy(), np.broadcast_to(t + 4 * hi, (32, 4)).copy()
+    if operand == "c":
+        i = np.arange(8)[None, :]
+        if ins.output == fp32:  # row X (+4 high), X = (lane & 1) + (i & 2); col (i & 4) + (lane & 2) + (i & 1)
+            row = 8 * q + (lane & 1) + (i & 2) + 4 * hi
+            col = (i & 4) + (lane & 2) + (i & 1)
+        else:  # fp16: row lane % 4 (+4 high), col i
+            row, col = 8 * q + t + 4 * hi + 0 * i, np.broadcast_to(i, (32, 8))
+        return np.broadcast_to(row, (32, 8)).copy(), np.broadcast_to(col, (32, 8)).copy()
+    raise ValueError(f"operand must be 'a', 'b' or 'c', got {operand!r}")
 
 
 @ieee_mode
@@ -342,7 +381,7 @@ def unpack_d(words: np.ndarray, ins: MMAInstruction) -> np.ndarray:
         el = w
         dt: type = np.uint32
     else:
-        el = np.stack([w & 0xFFFF, w >> 16], axis=-1).reshape(t, 32, 4)
+        el = np.stack([w & 0xFFFF, w >> 16], axis=-1).reshape(t, 32, 2 * ins.c_regs)
         dt = np.uint16
     rows, cols = fragment_coords(ins, "c")
     out: np.ndarray = np.zeros((t, ins.m, ins.n), dtype=dt)

@@ -430,10 +430,11 @@ def expected_block_scaled(a: np.ndarray, b: np.ndarray, c: np.ndarray, sa: np.nd
     """D (T,16,8) of one block-scaled instruction per tile under `model`; `sa`, `sb` uint8 scale codes."""
     from ..mma.blockscaled import matmul_block_scaled
 
-    out = np.empty(np.asarray(c).shape)
+    cv = np.asarray(c, dtype=np.float64)
+    out: np.ndarray = np.empty(cv.shape)
     # one matmul_block_scaled call per tile (an instruction each): tiles differ in every operand
-    for t in range(out.shape[0]):
-        out[t] = matmul_block_scaled(a[t], b[t], c[t], scale_a=sa[t], scale_b=sb[t], model=model,
+    for t in range(int(cv.shape[0])):
+        out[t] = matmul_block_scaled(a[t], b[t], cv[t], scale_a=sa[t], scale_b=sb[t], model=model,
                                      input_rounding="exact")
     return out
 
