@@ -137,3 +137,25 @@ def test_fake_warp_with_mmasim_gives_the_v100_preset(label: str) -> None:
         wrong = crosscheck_mma(model, n=4096, runner=lambda aw, bw, cw, i: emulate_words(aw, bw, cw, i, other),
                                instruction=ins, probes=False)
         assert wrong.mismatches > 0
+
+
+def test_run_all_runs_them_on_a_v100_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    import _fake_cupy
+
+    import fpsim.gpu.convert as conv
+    import fpsim.gpu.probing as prb
+    import fpsim.gpu.run_all as ra
+
+    monkeypatch.setattr(ra, "PATHS", ())
+    monkeypatch.setattr(ra, "WGMMA_PATHS", ())
+    monkeypatch.setattr(ra, "BLOCK_SCALED_INSTRUCTIONS", {})
+    monkeypatch.setattr(ra, "GENERATION_INSTRUCTIONS", {k: GENERATION_INSTRUCTIONS[k] for k in LABELS})
+    monkeypatch.setattr(conv, "CONVERSIONS", {})
+    monkeypatch.setattr(prb, "PATHS", ())
+    _fake_cupy.install(monkeypatch)  # an H200: accepts m8n8k4, but no preset models it there
+    res = ra.run_all(rows=128, conv_random=16)
+    assert [m["skipped"] for m in res["mma"]] == ["m8n8k4 is checked against the v100 preset on Volta only"] * 2
+    _fake_cupy.install(monkeypatch, name="Tesla V100-SXM2-16GB", cc=(7, 0), preset="v100")
+    res = ra.run_all(rows=256, conv_random=16)
+    assert [(m["path"], m["n"] >= 256, m["mismatches"]) for m in res["mma"]] == [(k, True, 0) for k in LABELS]
+    assert not res["errors"]
