@@ -18,6 +18,11 @@ holds a fixed set of elements of A, B, C and D in 32-bit registers; which elemen
 * C and D: row ``groupID`` for c0, c1 and ``groupID + 8`` for c2, c3; column ``2*tig + (i & 1)``. fp32
   accumulators use one register per element, fp16 accumulators pack c0, c1 (and c2, c3) into one register.
 
+Two families differ: Volta's ``m8n8k4`` (four quad-pair products per warp, stacked here into a 32 x 8 x 4
+tile: :func:`_quad_pair_coords`) and sm_120a's block-scaled ``m16n8k32`` / ``m16n8k64`` (e2m1 packed two per
+byte for ``kind::mxf4*``; the scales travel in one more register per operand: :func:`scale_lanes`,
+:func:`pack_scales`).
+
 The host packs every tile's operands into per-lane register words (:func:`pack_a`, :func:`pack_b`,
 :func:`pack_c`), the kernel only loads words, runs the instruction and stores the D words, and the host
 unpacks them (:func:`unpack_d`). The layout logic therefore lives in one tested place.
