@@ -25,15 +25,24 @@ import fpsim
 
 def _kernel(src: str, name: str, device: str, launches: list[tuple[str, int, int]]) -> Any:
     from fpsim.gpu.convert import CONVERSIONS
-    from fpsim.gpu.fragments import GENERATION_INSTRUCTIONS, PATHS, instruction_for
-    from fpsim.gpu.mma_check import emulate_words
+    from fpsim.gpu.fragments import BLOCK_SCALED_INSTRUCTIONS, GENERATION_INSTRUCTIONS, PATHS, instruction_for
+    from fpsim.gpu.mma_check import block_scaled_model_for, emulate_block_scaled, emulate_words
     from fpsim.gpu.wgmma import emulate_wgmma, wgmma_instruction
     from fpsim.mma import get_model
 
     def call(grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...]) -> None:
         threads = int(grid[0]) * int(block[0])
         assert int(block[0]) % 32 == 0, block
-        if name == "fpsim_mma":
+        if name == "fpsim_mma" and len(args) == 7:  # block-scaled: a, b, c, sa, sb, d, tiles
+            a, b, c, sa, sb, d, t = args
+            assert isinstance(t, np.int32) and threads >= int(t) * 32
+            ptx = re.search(r'asm volatile\("(\S+) ', src).group(1)  # type: ignore[union-attr]
+            ins = next(i for i in BLOCK_SCALED_INSTRUCTIONS.values() if i.ptx == ptx)
+            assert sa.shape == sb.shape == (int(t), 32), (sa.shape, sb.shape)
+            model = block_scaled_model_for(ins, device)
+            d[...] = emulate_block_scaled(a, b, c, sa, sb, ins, model)
+            launches.append((ptx, threads, int(t)))
+        elif name == "fpsim_mma":
             a, b, c, d, t = args
             assert isinstance(t, np.int32) and threads >= int(t) * 32
             ptx = re.search(r'asm volatile\("(\S+) ', src).group(1)  # type: ignore[union-attr]

@@ -638,6 +638,7 @@ def test_plumbing_with_a_fake_cupy(monkeypatch: pytest.MonkeyPatch, capsys: pyte
     monkeypatch.setattr(ra, "PATHS", few)
     monkeypatch.setattr(ra, "WGMMA_PATHS", ())  # tests/test_gpu_wgmma.py runs them
     monkeypatch.setattr(ra, "GENERATION_INSTRUCTIONS", {})  # tests/test_gpu_generations.py
+    monkeypatch.setattr(ra, "BLOCK_SCALED_INSTRUCTIONS", {})  # tests/test_gpu_blockscaled.py
     monkeypatch.setattr(conv, "CONVERSIONS", {k: v for k, v in conv.CONVERSIONS.items()
                                               if k in (("fp8_e4m3", "rne", True), ("fp8_e5m2", "rne", False))})
     assert cli_main(["probe"]) == 0

@@ -90,12 +90,12 @@ def test_compiles_where_claimed_and_is_refused_elsewhere(nvrtc: NVRTC, kid: str,
 
 def test_catalogue_enumerates_every_generator() -> None:
     from fpsim.gpu.convert import CONVERSIONS
-    from fpsim.gpu.fragments import _INSTRUCTIONS, GENERATION_INSTRUCTIONS
+    from fpsim.gpu.fragments import _INSTRUCTIONS, BLOCK_SCALED_INSTRUCTIONS, GENERATION_INSTRUCTIONS
     from fpsim.gpu.run_all import WGMMA_PATHS
 
     fam = [k.family for k in KERNELS]
     assert fam.count("convert") == len(CONVERSIONS)
-    assert fam.count("mma.sync") == len(_INSTRUCTIONS) + len(GENERATION_INSTRUCTIONS)
+    assert fam.count("mma.sync") == len(_INSTRUCTIONS) + len(GENERATION_INSTRUCTIONS) + len(BLOCK_SCALED_INSTRUCTIONS)
     assert fam.count("wgmma") == 2 * len(WGMMA_PATHS)
     assert len(BY_ID) == len(KERNELS)  # labels are unique within a family
     for k in KERNELS:

@@ -77,11 +77,13 @@ def test_script_quick_runs_every_part_against_a_fake_gpu(tmp_path: Path) -> None
     assert res["ok"] and res["errors"] == [] and res["preset_device"] == "NVIDIA H200" and "partial" not in res
     assert len(res["conversions"]) > 10 and all(c["mismatches"] == 0 for c in res["conversions"])
     paths = [m["path"] for m in res["mma"]]
-    # 8 sm_80 shapes, Turing's 2 (an H200 runs them), sm_120a's 10 (skipped: not an sm_120 GPU), 4 wgmma
-    assert sum(p.startswith("wgmma") for p in paths) == 4 and len(paths) == 24
+    # 8 sm_80 shapes, Volta's 2 (skipped: not a V100), Turing's 2 (an H200 runs them), sm_120a's 10 + 9
+    # block-scaled (skipped: not an sm_120 GPU), 4 wgmma
+    assert sum(p.startswith("wgmma") for p in paths) == 4 and len(paths) == 35
     ran = [m for m in res["mma"] if "skipped" not in m]
     assert len(ran) == 14 and all(m["mismatches"] == 0 and m["n"] > 0 for m in ran)
-    assert all("compute capability 120 exactly" in m["skipped"] for m in res["mma"] if "skipped" in m)
+    assert all("compute capability 120 exactly" in m["skipped"] or "on Volta only" in m["skipped"]
+               for m in res["mma"] if "skipped" in m)
     assert res["probe"] and all(f["exact"] for f in res["probe"]["fits"])
     tc = res["torch_checks"]
     md = (out / "results.md").read_text()
@@ -210,6 +212,7 @@ def test_run_all_leaves_what_it_finished_when_stopped(tmp_path: Path, monkeypatc
     monkeypatch.setattr(ra, "WGMMA_PATHS", (("fp8_e4m3", "fp32"),))
     monkeypatch.setattr(ra, "GENERATION_INSTRUCTIONS", {k: v for k, v in ra.GENERATION_INSTRUCTIONS.items()
                                                         if k == "sm_75 m16n8k8 fp16->fp32"})
+    monkeypatch.setattr(ra, "BLOCK_SCALED_INSTRUCTIONS", {})  # tests/test_gpu_blockscaled.py
     monkeypatch.setattr(conv, "CONVERSIONS", {k: v for k, v in conv.CONVERSIONS.items() if k[0] == "fp8_e4m3"})
 
     def killed(*a, **kw):  # type: ignore[no-untyped-def]

@@ -214,6 +214,7 @@ def test_run_all_runs_the_wgmma_paths(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setitem(sys.modules, "cupy", cp)
     monkeypatch.setattr(ra, "PATHS", ())
     monkeypatch.setattr(ra, "GENERATION_INSTRUCTIONS", {})
+    monkeypatch.setattr(ra, "BLOCK_SCALED_INSTRUCTIONS", {})  # tests/test_gpu_blockscaled.py
     monkeypatch.setattr(prb, "PATHS", ())
     monkeypatch.setattr(conv, "CONVERSIONS", {})
     assert ra.main(["--out", str(tmp_path), "--rows", "512", "--conv-random", "10"]) == 0
@@ -242,6 +243,7 @@ def test_a_refused_wgmma_kernel_is_skipped_not_failed(monkeypatch: pytest.Monkey
     monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(refuse=("wgmma.fence",)))
     monkeypatch.setattr(ra, "PATHS", ())
     monkeypatch.setattr(ra, "GENERATION_INSTRUCTIONS", {})  # tests/test_gpu_generations.py
+    monkeypatch.setattr(ra, "BLOCK_SCALED_INSTRUCTIONS", {})  # tests/test_gpu_blockscaled.py
     monkeypatch.setattr(prb, "PATHS", ())
     monkeypatch.setattr(conv, "CONVERSIONS", {})
     assert ra.main(["--out", str(tmp_path), "--rows", "64", "--conv-random", "10"]) == 0

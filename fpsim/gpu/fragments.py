@@ -18,6 +18,11 @@ holds a fixed set of elements of A, B, C and D in 32-bit registers; which elemen
 * C and D: row ``groupID`` for c0, c1 and ``groupID + 8`` for c2, c3; column ``2*tig + (i & 1)``. fp32
   accumulators use one register per element, fp16 accumulators pack c0, c1 (and c2, c3) into one register.
 
+Two families differ: Volta's ``m8n8k4`` (four quad-pair products per warp, stacked here into a 32 x 8 x 4
+tile: :func:`_quad_pair_coords`) and sm_120a's block-scaled ``m16n8k32`` / ``m16n8k64`` (e2m1 packed two per
+byte for ``kind::mxf4*``; the scales travel in one more register per operand: :func:`scale_lanes`,
+:func:`pack_scales`).
+
 The host packs every tile's operands into per-lane register words (:func:`pack_a`, :func:`pack_b`,
 :func:`pack_c`), the kernel only loads words, runs the instruction and stores the D words, and the host
 unpacks them (:func:`unpack_d`). The layout logic therefore lives in one tested place.
@@ -34,6 +39,7 @@ from ..bits import from_bits, to_bits
 from ..formats import Format, FormatLike, as_format, bf16, fp8_e4m3, fp8_e5m2, fp16, fp32, tf32
 
 __all__ = [
+    "BLOCK_SCALED_INSTRUCTIONS",
     "GENERATION_INSTRUCTIONS",
     "KERNEL_NAME",
     "PATHS",
@@ -46,8 +52,11 @@ __all__ = [
     "pack_a",
     "pack_b",
     "pack_c",
+    "pack_scales",
+    "scale_lanes",
     "unpack_d",
     "unpack_operand",
+    "unpack_scales",
 ]
 
 KERNEL_NAME = "fpsim_mma"
@@ -78,6 +87,14 @@ class MMAInstruction:
         capability `min_cc` exactly, not on later ones.
     preset : str
         The fpsim device whose presets this generation's own instruction checks ("" for the shared shapes).
+    quad_pairs : bool
+        Volta's ``mma.sync.aligned.m8n8k4``: the warp runs four independent 8x8x4 products, one per quad pair
+        (lanes 4q..4q+3 and 4q+16..4q+19). fpsim stacks the four A and C/D matrices into one 32-row tile and gives
+        every quad pair the same B, so a warp still computes one (m = 32) x 8 x 4 tile.
+    scale, scale_vec : str, int
+        For the block-scaled ``mma.sync ... kind::mxf8f6f4 / mxf4 / mxf4nvf4 .block_scale.scale_vec::{1,2,4}X``:
+        the scale type (``"ue8m0"`` or ``"ue4m3"``) and scales per row of A / column of B per instruction;
+        ``""`` and 0 otherwise.
     """
 
     input: Format
@@ -91,6 +108,9 @@ class MMAInstruction:
     kind: str = ""
     arch_suffix: str = ""
     preset: str = ""
+    scale: str = ""
+    scale_vec: int = 0
+    quad_pairs: bool = False
 
     @property
     def arch(self) -> str:
@@ -104,12 +124,21 @@ class MMAInstruction:
     @property
     def bits(self) -> int:
         """Bits per A/B element in a register (16, 32 for tf32, or 8: fp6/fp4 sit in 8-bit containers)."""
-        return 32 if self.input == tf32 else max(8, self.input.width)
+        if self.input == tf32:
+            return 32
+        # kind::mxf4 / mxf4nvf4 pack fp4 two per byte; the f8f6f4 kinds give each element a byte
+        return 4 if self.kind in ("mxf4", "mxf4nvf4") else max(8, self.input.width)
 
     @property
     def container_shift(self) -> int:
-        """Where a code sits in its container: fp4 (e2m1) in bits 5..2 under ``kind::f8f6f4``, else bit 0."""
-        return 2 if self.kind == "f8f6f4" and self.input.width == 4 else 0
+        """Where a code sits in its container: fp4 (e2m1) in bits 5..2 under ``kind::f8f6f4`` and
+        ``kind::mxf8f6f4``, else bit 0."""
+        return 2 if self.kind in ("f8f6f4", "mxf8f6f4") and self.input.width == 4 else 0
+
+    @property
+    def block(self) -> int:
+        """K-elements per scale factor (32 or 16) of a block-scaled instruction; 0 otherwise."""
+        return self.k // self.scale_vec if self.scale else 0
 
     @property
     def per_reg(self) -> int:
@@ -122,6 +151,8 @@ class MMAInstruction:
 
     @property
     def b_regs(self) -> int:
+        if self.quad_pairs:  # each quad pair holds the whole 4x8 B: 4 elements per lane
+            return 4 // self.per_reg
         return self.k * self.n // 32 // self.per_reg
 
     @property
@@ -138,10 +169,20 @@ class MMAInstruction:
         """The instruction mnemonic, e.g. ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32``."""
         ti, to = _PTX_TYPE[self.input.name], _PTX_TYPE[self.output.name]
         kind = f".kind::{self.kind}" if self.kind else ""
+        if self.quad_pairs:
+            return f"mma.sync.aligned.m8n8k4.row.col.{to}.{ti}.{ti}.{to}"
+        if self.scale:  # PTX ISA 8.7 order: ...row.col.kind.block_scale.scale_vec_size.f32.atype.btype.f32.stype
+            kind += f".block_scale.scale_vec::{self.scale_vec}X"
+            return f"mma.sync.aligned.m{self.m}n{self.n}k{self.k}.row.col{kind}.{to}.{ti}.{ti}.{to}.{self.scale}"
         return f"mma.sync.aligned.m{self.m}n{self.n}k{self.k}.row.col{kind}.{to}.{ti}.{ti}.{to}"
 
     @property
     def label(self) -> str:
+        if self.scale:
+            return f"{self.arch} m{self.m}n{self.n}k{self.k} {self.kind} {self.scale}/{self.block} " \
+                   f"{self.input.name}->{self.output.name}"
+        if self.quad_pairs:
+            return f"{self.arch} m8n8k4 {self.input.name}->{self.output.name}"
         if self.preset:
             return f"{self.arch} m{self.m}n{self.n}k{self.k}{' ' + self.kind if self.kind else ''} " \
                    f"{self.input.name}->{self.output.name}"
@@ -165,6 +206,10 @@ PATHS: tuple[tuple[str, str], ...] = tuple(_INSTRUCTIONS)
 # Each generation's own instructions, beside the shared sm_80 shapes above: Turing's m16n8k8 (sm_75; later GPUs
 # run it too) and sm_120a's kind::f8f6f4 (RTX Blackwell only: the "a" target). Keyed by their label.
 _GENERATION: tuple[MMAInstruction, ...] = (
+    # Volta's m8n8k4 (PTX ISA 6.4, sm_70+; "optimized for sm_70, may have substantially reduced performance on
+    # other target architectures"): four quad-pair products per warp, stacked into a 32 x 8 x 4 tile
+    MMAInstruction(fp16, fp32, 4, 70, "6.4", m=32, preset="v100", quad_pairs=True),
+    MMAInstruction(fp16, fp16, 4, 70, "6.4", m=32, preset="v100", quad_pairs=True),
     MMAInstruction(fp16, fp32, 8, 75, "6.5", preset="t4"),
     MMAInstruction(fp16, fp16, 8, 75, "6.5", preset="t4"),
     *(MMAInstruction(as_format(f), as_format(o), 32, 120, "8.7", kind="f8f6f4", arch_suffix="a", preset="rtx5090")
@@ -172,6 +217,21 @@ _GENERATION: tuple[MMAInstruction, ...] = (
 )
 #: label -> instruction, e.g. ``"sm_75 m16n8k8 fp16->fp32"``, ``"sm_120a m16n8k32 f8f6f4 fp4_e2m1->fp32"``.
 GENERATION_INSTRUCTIONS: dict[str, MMAInstruction] = {ins.label: ins for ins in _GENERATION}
+
+# sm_120a's block-scaled mma.sync (PTX ISA 8.7, "Warp-level MMA with block scaling"): A and B of one element type
+# here (the instructions also take mixed pairs), D fp32, one scale per row of A / column of B per `block` K.
+_BLOCK_SCALED: tuple[MMAInstruction, ...] = (
+    *(MMAInstruction(as_format(f), fp32, 32, 120, "8.7", kind="mxf8f6f4", arch_suffix="a", preset="rtx5090",
+                     scale="ue8m0", scale_vec=1)
+      for f in ("fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1")),
+    *(MMAInstruction(as_format("fp4_e2m1"), fp32, 64, 120, "8.7", kind=kd, arch_suffix="a", preset="rtx5090",
+                     scale=sc, scale_vec=v)
+      for kd, sc, v in (("mxf4", "ue8m0", 2), ("mxf4nvf4", "ue8m0", 2), ("mxf4nvf4", "ue4m3", 4),
+                        ("mxf4nvf4", "ue8m0", 4))),
+)
+#: label -> block-scaled instruction, e.g. ``"sm_120a m16n8k64 mxf4nvf4 ue4m3/16 fp4_e2m1->fp32"``; each checks
+#: ``fpsim.mma.block_scaled_model("rtx5090", kind, input, block=ins.block, scale=ins.scale)``.
+BLOCK_SCALED_INSTRUCTIONS: dict[str, MMAInstruction] = {ins.label: ins for ins in _BLOCK_SCALED}
 
 
 def _name(fmt: FormatLike) -> str:
@@ -206,6 +266,8 @@ def fragment_coords(ins: MMAInstruction, operand: str) -> tuple[np.ndarray, np.n
     """
     lane = np.arange(32)[:, None]
     g, t = lane >> 2, lane % 4
+    if ins.quad_pairs:
+        return _quad_pair_coords(ins, operand)
     if operand == "a":
         e = ins.per_reg
         i = np.arange(ins.m * ins.k // 32)[None, :]
@@ -223,6 +285,28 @@ def fragment_coords(ins: MMAInstruction, operand: str) -> tuple[np.ndarray, np.n
     else:
         raise ValueError(f"operand must be 'a', 'b' or 'c', got {operand!r}")
     return np.broadcast_to(row, col.shape).copy(), col
+
+
+def _quad_pair_coords(ins: MMAInstruction, operand: str) -> tuple[np.ndarray, np.ndarray]:
+    """m8n8k4 (PTX ISA "Matrix Fragments for mma.m8n8k4 with .f16"), quad pair q = (lane >> 2) & 3 owning rows
+    8q..8q+7 of the stacked tile; ``hi`` = lane >= 16 (the quad pair's high group)."""
+    lane = np.arange(32)[:, None]
+    q, hi, t = (lane >> 2) & 3, (lane >= 16).astype(np.int64), lane % 4
+    if operand == "a":  # row-major A: row lane % 4 (+4 high), col i
+        i = np.arange(4)[None, :]
+        return np.broadcast_to(8 * q + t + 4 * hi, (32, 4)).copy(), np.broadcast_to(i, (32, 4)).copy()
+    if operand == "b":  # column-major B: row i, col lane % 4 (+4 high)
+        i = np.arange(4)[None, :]
+        return np.broadcast_to(i, (32, 4)).copy(), np.broadcast_to(t + 4 * hi, (32, 4)).copy()
+    if operand == "c":
+        i = np.arange(8)[None, :]
+        if ins.output == fp32:  # row X (+4 high), X = (lane & 1) + (i & 2); col (i & 4) + (lane & 2) + (i & 1)
+            row = 8 * q + (lane & 1) + (i & 2) + 4 * hi
+            col = (i & 4) + (lane & 2) + (i & 1)
+        else:  # fp16: row lane % 4 (+4 high), col i
+            row, col = 8 * q + t + 4 * hi + 0 * i, np.broadcast_to(i, (32, 8))
+        return np.broadcast_to(row, (32, 8)).copy(), np.broadcast_to(col, (32, 8)).copy()
+    raise ValueError(f"operand must be 'a', 'b' or 'c', got {operand!r}")
 
 
 @ieee_mode
@@ -302,7 +386,7 @@ def unpack_d(words: np.ndarray, ins: MMAInstruction) -> np.ndarray:
         el = w
         dt: type = np.uint32
     else:
-        el = np.stack([w & 0xFFFF, w >> 16], axis=-1).reshape(t, 32, 4)
+        el = np.stack([w & 0xFFFF, w >> 16], axis=-1).reshape(t, 32, 2 * ins.c_regs)
         dt = np.uint16
     rows, cols = fragment_coords(ins, "c")
     out: np.ndarray = np.zeros((t, ins.m, ins.n), dtype=dt)
@@ -336,6 +420,70 @@ def unpack_operand(words: np.ndarray, ins: MMAInstruction, operand: str) -> np.n
     return out
 
 
+def _need_scales(ins: MMAInstruction) -> None:
+    if not ins.scale:
+        raise ValueError(f"{ins.ptx} takes no block scales (valid: {', '.join(BLOCK_SCALED_INSTRUCTIONS)})")
+
+
+@ieee_mode
+def scale_lanes(ins: MMAInstruction, operand: str) -> np.ndarray:
+    """The lane whose scale register holds the scales of each row of A (16,) or each column of B (8,).
+
+    With the selectors fpsim's kernels pass, ``{byte-id, thread-id} = {0, 0}``, the PTX ISA ("Warp-level MMA
+    with block scaling") reads row ``groupID`` of A from the lane with ``threadID_in_group`` 0 and row
+    ``groupID + 8`` from the one with ``threadID_in_group`` 1, column ``groupID`` of B from
+    ``threadID_in_group`` 0; byte ``j`` of that register is the scale of K-block ``j``. The other lanes'
+    scale registers are not read.
+
+    Examples
+    --------
+    >>> ins = BLOCK_SCALED_INSTRUCTIONS["sm_120a m16n8k64 mxf4nvf4 ue4m3/16 fp4_e2m1->fp32"]
+    >>> scale_lanes(ins, "a")[:4].tolist(), scale_lanes(ins, "a")[8:10].tolist(), scale_lanes(ins, "b")[:3].tolist()
+    ([0, 4, 8, 12], [1, 5], [0, 4, 8])
+    """
+    _need_scales(ins)
+    if operand == "a":
+        r = np.arange(ins.m)
+        return np.asarray(4 * (r % 8) + r // 8)
+    if operand == "b":
+        return np.asarray(4 * np.arange(ins.n))
+    raise ValueError(f"operand must be 'a' or 'b', got {operand!r}")
+
+
+@ieee_mode
+def pack_scales(codes: np.ndarray, ins: MMAInstruction, operand: str) -> np.ndarray:
+    """Scale codes -> per-lane scale registers (T, 32) uint32 of a block-scaled instruction.
+
+    `codes` are uint8 codes (UE8M0 or UE4M3) of shape (T, 16, scale_vec) for A (one per row and K-block) or
+    (T, scale_vec, 8) for B (one per K-block and column); see :func:`scale_lanes` for where they go.
+    """
+    _need_scales(ins)
+    v = ins.scale_vec
+    shape = (ins.m, v) if operand == "a" else (v, ins.n)
+    if operand not in ("a", "b"):
+        raise ValueError(f"operand must be 'a' or 'b', got {operand!r}")
+    x = _tiles(codes, shape, f"scale codes of {operand}")
+    if x.dtype.kind not in "ui" or (x.size and (int(x.min()) < 0 or int(x.max()) > 255)):
+        raise ValueError(f"scale codes must be integers in 0..255 (uint8 {ins.scale} codes), got dtype {x.dtype}")
+    per = (x if operand == "a" else np.swapaxes(x, 1, 2)).astype(np.uint32)  # (T, rows or cols, v)
+    words = np.bitwise_or.reduce(per << (np.uint32(8) * np.arange(v, dtype=np.uint32)), axis=-1)
+    out: np.ndarray = np.zeros((x.shape[0], 32), dtype=np.uint32)
+    out[:, scale_lanes(ins, operand)] = words
+    return out
+
+
+@ieee_mode
+def unpack_scales(words: np.ndarray, ins: MMAInstruction, operand: str) -> np.ndarray:
+    """Inverse of :func:`pack_scales`: (T, 32) scale registers -> uint8 codes (T, 16, v) or (T, v, 8)."""
+    _need_scales(ins)
+    w = np.asarray(words, dtype=np.uint32)
+    if w.ndim != 2 or w.shape[1] != 32:
+        raise ValueError(f"scale words must have shape (tiles, 32), got {w.shape}")
+    sel = w[:, scale_lanes(ins, operand)]  # (T, rows or cols)
+    by = ((sel[..., None] >> (np.uint32(8) * np.arange(ins.scale_vec, dtype=np.uint32))) & 0xFF).astype(np.uint8)
+    return by if operand == "a" else np.ascontiguousarray(np.swapaxes(by, 1, 2))
+
+
 @ieee_mode
 def decode_d(codes: np.ndarray, ins: MMAInstruction) -> np.ndarray:
     """Output codes -> float64 values."""
@@ -350,7 +498,8 @@ def mma_kernel_source(ins: MMAInstruction) -> str:
 
     Signature: ``fpsim_mma(const unsigned* a, const unsigned* b, const unsigned* c, unsigned* d, int tiles)``
     with ``a`` of shape (tiles, 32, a_regs) and so on (as made by :func:`pack_a` ...). Launch with a block
-    size that is a multiple of 32.
+    size that is a multiple of 32. A block-scaled instruction takes its scale registers before ``d``:
+    ``fpsim_mma(a, b, c, sa, sb, d, tiles)``, ``sa`` and ``sb`` of shape (tiles, 32) (:func:`pack_scales`).
 
     Examples
     --------
@@ -373,9 +522,15 @@ def mma_kernel_source(ins: MMAInstruction) -> str:
     ins_ = ", ".join([f'"r"(pa[{i}])' for i in range(na)] + [f'"r"(pb[{i}])' for i in range(nb)]
                      + [f'"{cons}"(c{i})' for i in range(nc)])
     store = "\n".join(f"    pd[{i}] = {f'__float_as_uint(d{i})' if f32 else f'd{i}'};" for i in range(nc))
+    sc_params = sc_ops = sc_ins = ""
+    if ins.scale:  # scale registers, then the {byte-id, thread-id} selectors: immediates {0, 0} (scale_lanes)
+        ns = nc + na + nb + nc
+        sc_params = "const unsigned* __restrict__ sa, const unsigned* __restrict__ sb, "
+        sc_ops = f", %{ns}, {{0, 0}}, %{ns + 1}, {{0, 0}}"
+        sc_ins = ', "r"(sa[tile * 32 + lane]), "r"(sb[tile * 32 + lane])'
     return f"""// fpsim: one {ins.ptx} per warp (generated by fpsim.gpu.fragments)
 extern "C" __global__ void {KERNEL_NAME}(const unsigned* __restrict__ a, const unsigned* __restrict__ b,
-                                  const unsigned* __restrict__ c, unsigned* __restrict__ d, int tiles)
+                                  const unsigned* __restrict__ c, {sc_params}unsigned* __restrict__ d, int tiles)
 {{
     const long long gtid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long tile = gtid >> 5;   // one warp per tile: all 32 lanes agree, so the exit is warp-uniform
@@ -387,9 +542,9 @@ extern "C" __global__ void {KERNEL_NAME}(const unsigned* __restrict__ a, const u
     unsigned* pd = d + (tile * 32 + lane) * {nc};
 {load_c}
 {decl_d}
-    asm volatile("{ins.ptx} {{{d_ops}}}, {{{a_ops}}}, {{{b_ops}}}, {{{c_ops}}};\\n"
+    asm volatile("{ins.ptx} {{{d_ops}}}, {{{a_ops}}}, {{{b_ops}}}, {{{c_ops}}}{sc_ops};\\n"
                  : {outs}
-                 : {ins_});
+                 : {ins_}{sc_ins});
 {store}
 }}
 """

@@ -2,8 +2,8 @@
 
 :func:`catalogue` enumerates the generators' own tables, so a new instruction or conversion appears here
 without an edit: every conversion of :data:`fpsim.gpu.convert.CONVERSIONS` (format x rounding x saturate), every
-``mma.sync`` instruction of :mod:`fpsim.gpu.fragments` (input x output type; the probe runs these same kernels,
-it has none of its own), and every ``wgmma`` path of :data:`fpsim.gpu.run_all.WGMMA_PATHS` at N = 8 (what the
+``mma.sync`` instruction of :mod:`fpsim.gpu.fragments` (input x output type, and the block-scaled ones; the probe
+runs these same kernels, it has none of its own), and every ``wgmma`` path of :data:`fpsim.gpu.run_all.WGMMA_PATHS` at N = 8 (what the
 cross-check runs) and N = 256 (the largest, 128 accumulator registers in one ``asm``).
 
 Each :class:`Kernel` claims the architectures of :data:`ARCHS` from its minimum compute capability up, or
@@ -109,7 +109,7 @@ def presets_for(kernel: Kernel) -> tuple[str, ...]:
 def catalogue() -> tuple[Kernel, ...]:
     """Every kernel fpsim can generate, conversions first, then ``mma.sync``, then ``wgmma``."""
     from .convert import CONVERSION_MIN_CC, CONVERSIONS, KERNEL_NAME, conversion_kernel_source
-    from .fragments import _INSTRUCTIONS, GENERATION_INSTRUCTIONS, mma_kernel_source
+    from .fragments import _INSTRUCTIONS, BLOCK_SCALED_INSTRUCTIONS, GENERATION_INSTRUCTIONS, mma_kernel_source
     from .fragments import KERNEL_NAME as MMA_NAME
     from .run_all import WGMMA_PATHS
     from .wgmma import WGMMA_KERNEL_NAME, wgmma_instruction, wgmma_kernel_source
@@ -120,8 +120,8 @@ def catalogue() -> tuple[Kernel, ...]:
                           conversion_kernel_source(fmt, rnd, saturate=sat), CONVERSION_MIN_CC.get(fmt, 70),
                           used_by=("crosscheck_round",)))
     # The instruction table itself, not PATHS: a row may share its (input, output) with another shape.
-    # then each generation's own shapes (Turing m16n8k8, sm_120a kind::f8f6f4)
-    for ins in (*_INSTRUCTIONS.values(), *GENERATION_INSTRUCTIONS.values()):
+    # then each generation's own shapes (Turing m16n8k8, sm_120a kind::f8f6f4, sm_120a block-scaled)
+    for ins in (*_INSTRUCTIONS.values(), *GENERATION_INSTRUCTIONS.values(), *BLOCK_SCALED_INSTRUCTIONS.values()):
         # kind::f8f6f4 with FP8 operands also assembles for sm_100a (NVRTC 13.5, measured; fp6/fp4 do not)
         also = ("sm_100a",) if getattr(ins, "kind", "") == "f8f6f4" and ins.input.width == 8 else ()
         out.append(Kernel("mma.sync", ins.ptx, MMA_NAME, mma_kernel_source(ins), int(ins.min_cc),

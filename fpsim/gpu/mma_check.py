@@ -31,24 +31,35 @@ from .fragments import (
     pack_a,
     pack_b,
     pack_c,
+    pack_scales,
     unpack_d,
     unpack_operand,
+    unpack_scales,
 )
 
 __all__ = [
     "MMAReport",
     "Runner",
+    "ScaledRunner",
+    "block_scaled_model_for",
     "compare_mma",
+    "crosscheck_block_scaled",
     "crosscheck_mma",
+    "emulate_block_scaled",
+    "expected_block_scaled",
     "emulate_words",
     "expected_d",
     "gpu_runner",
+    "gpu_scaled_runner",
+    "random_scales",
     "random_tiles",
     "run_tiles",
 ]
 
 #: ``runner(a_words, b_words, c_words, instruction) -> d_words``: the GPU, or :func:`emulate_words`.
 Runner = Callable[[np.ndarray, np.ndarray, np.ndarray, MMAInstruction], np.ndarray]
+#: ``runner(a_words, b_words, c_words, sa_words, sb_words, instruction) -> d_words`` for block-scaled instructions.
+ScaledRunner = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, MMAInstruction], np.ndarray]
 
 # Per-element exponent spread (+-) of the "wide" random tiles, kept inside each format's range.
 _SPREAD = {"fp16": 6, "bf16": 12, "tf32": 12, "fp8_e4m3": 3, "fp8_e5m2": 6}
@@ -228,16 +239,39 @@ def gpu_runner(device: int = 0) -> Runner:
     def run(aw: np.ndarray, bw: np.ndarray, cw: np.ndarray, ins: MMAInstruction) -> np.ndarray:
         if ins.ptx not in cache:
             cache[ins.ptx] = build_kernel(cp, mma_kernel_source(ins), KERNEL_NAME, arch=device_arch(ins, cc))
-        kern = cache[ins.ptx]
-        t = aw.shape[0]
-        da, db, dc = (cp.asarray(np.ascontiguousarray(x, dtype=np.uint32)) for x in (aw, bw, cw))
-        dd = cp.zeros((t, 32, ins.c_regs), dtype=cp.uint32)
-        threads = 128
-        blocks = (t * 32 + threads - 1) // threads
-        if t:
-            kern((blocks,), (threads,), (da, db, dc, dd, np.int32(t)))
-            cp.cuda.runtime.deviceSynchronize()
-        return np.asarray(cp.asnumpy(dd))
+        return _launch(cp, cache[ins.ptx], ins, (aw, bw, cw))
+
+    return run
+
+
+def _launch(cp: Any, kern: Any, ins: MMAInstruction, words: Sequence[np.ndarray]) -> np.ndarray:
+    """One warp per tile: kernel arguments are the input words (a, b, c[, sa, sb]), then d and the tile count."""
+    t = words[0].shape[0]
+    dev = [cp.asarray(np.ascontiguousarray(x, dtype=np.uint32)) for x in words]
+    dd = cp.zeros((t, 32, ins.c_regs), dtype=cp.uint32)
+    threads = 128
+    blocks = (t * 32 + threads - 1) // threads
+    if t:
+        kern((blocks,), (threads,), (*dev, dd, np.int32(t)))
+        cp.cuda.runtime.deviceSynchronize()
+    return np.asarray(cp.asnumpy(dd))
+
+
+@ieee_mode
+def gpu_scaled_runner(device: int = 0) -> ScaledRunner:
+    """:func:`gpu_runner` for the block-scaled instructions (their kernels also take the scale registers)."""
+    from ._compile import build_kernel, device_arch
+    from ._device import device_info, require_cupy
+
+    cp = require_cupy(device)
+    cc = device_info(device).cc
+    cache: dict[str, Any] = {}
+
+    def run(aw: np.ndarray, bw: np.ndarray, cw: np.ndarray, saw: np.ndarray, sbw: np.ndarray,
+            ins: MMAInstruction) -> np.ndarray:
+        if ins.ptx not in cache:
+            cache[ins.ptx] = build_kernel(cp, mma_kernel_source(ins), KERNEL_NAME, arch=device_arch(ins, cc))
+        return _launch(cp, cache[ins.ptx], ins, (aw, bw, cw, saw, sbw))
 
     return run
 
@@ -335,3 +369,136 @@ def crosscheck_mma(model_or_device: MMAModel | str | None = None, input: FormatL
     c = np.concatenate([p[2] for p in parts])
     d = run_tiles(a, b, c, ins, runner)
     return compare_mma(a, b, c, d, model, ins, probe_ids=ids, max_examples=max_examples, device=dev_name)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Block-scaled mma.sync (sm_120a): the scales travel in their own registers and the model is
+# fpsim.mma.blockscaled's (checked bit for bit against MMA-Sim in tests/test_mma_blackwell.py).
+
+
+@ieee_mode
+def block_scaled_model_for(ins: MMAInstruction, device: str | None = None) -> Any:
+    """The :class:`fpsim.mma.BlockScaledModel` a block-scaled instruction checks (device default its preset).
+
+    Examples
+    --------
+    >>> from fpsim.gpu.fragments import BLOCK_SCALED_INSTRUCTIONS
+    >>> ins = BLOCK_SCALED_INSTRUCTIONS["sm_120a m16n8k64 mxf4nvf4 ue4m3/16 fp4_e2m1->fp32"]
+    >>> m = block_scaled_model_for(ins)
+    >>> m.name, m.instruction == ins.ptx
+    ('rtx5090 mxf4nvf4 e2m1 x e2m1 (ue4m3/16) -> fp32', True)
+    """
+    from ..mma.blockscaled import block_scaled_model
+
+    if not ins.scale:
+        raise ValueError(f"{ins.ptx} is not a block-scaled instruction")
+    return block_scaled_model(device or ins.preset, ins.kind, ins.input, ins.input, ins.output,
+                              block=ins.block, scale=ins.scale)
+
+
+@ieee_mode
+def random_scales(ins: MMAInstruction, tiles: int, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Random uint8 scale codes for A (T, 16, v) and B (T, v, 8): UE8M0 2**[-6, 6], or finite positive UE4M3
+    (codes 0x01..0x7E, subnormals included), so that scaled products stay inside fp32's range."""
+    if tiles < 0:
+        raise ValueError(f"tiles must be >= 0, got {tiles!r}")
+    rng = np.random.default_rng(seed)
+    v = ins.scale_vec
+
+    def draw(shape: tuple[int, ...]) -> np.ndarray:
+        if ins.scale == "ue8m0":
+            return np.asarray(127 + rng.integers(-6, 7, size=shape), dtype=np.uint8)
+        return np.asarray(rng.integers(0x01, 0x7F, size=shape), dtype=np.uint8)
+
+    return draw((tiles, ins.m, v)), draw((tiles, v, ins.n))
+
+
+@ieee_mode
+def emulate_block_scaled(a_words: np.ndarray, b_words: np.ndarray, c_words: np.ndarray, sa_words: np.ndarray,
+                         sb_words: np.ndarray, ins: MMAInstruction, model: Any) -> np.ndarray:
+    """CPU stand-in for a block-scaled warp: unpack operands and scales, run `model`, pack D as the GPU would."""
+    a = _decode_inputs(unpack_operand(a_words, ins, "a"), ins)
+    b = _decode_inputs(unpack_operand(b_words, ins, "b"), ins)
+    c = unpack_operand(c_words, ins, "c").view(np.float32).astype(np.float64)
+    d = expected_block_scaled(a, b, c, unpack_scales(sa_words, ins, "a"), unpack_scales(sb_words, ins, "b"), model)
+    return pack_c(d, ins)
+
+
+@ieee_mode
+def expected_block_scaled(a: np.ndarray, b: np.ndarray, c: np.ndarray, sa: np.ndarray, sb: np.ndarray,
+                          model: Any) -> np.ndarray:
+    """D (T,16,8) of one block-scaled instruction per tile under `model`; `sa`, `sb` uint8 scale codes."""
+    from ..mma.blockscaled import matmul_block_scaled
+
+    cv = np.asarray(c, dtype=np.float64)
+    out: np.ndarray = np.empty(cv.shape)
+    # one matmul_block_scaled call per tile (an instruction each): tiles differ in every operand
+    for t in range(int(cv.shape[0])):
+        out[t] = matmul_block_scaled(a[t], b[t], cv[t], scale_a=sa[t], scale_b=sb[t], model=model,
+                                     input_rounding="exact")
+    return out
+
+
+@ieee_mode
+def crosscheck_block_scaled(ins: MMAInstruction, n: int = 10000, *, device: int = 0, seed: int = 0,
+                            runner: ScaledRunner | None = None, model: Any = None,
+                            max_examples: int = 10) -> MMAReport:
+    """Run random tiles and scales through a block-scaled ``mma.sync`` (sm_120a) and compare D with fpsim.
+
+    Parameters
+    ----------
+    ins : MMAInstruction
+        One of :data:`fpsim.gpu.fragments.BLOCK_SCALED_INSTRUCTIONS`.
+    n : int
+        At least this many D elements are compared (ceil(n/128) tiles, each with its own scales).
+    runner : callable, optional
+        Default the GPU (:func:`gpu_scaled_runner`); ``lambda aw, bw, cw, sa, sb, ins:
+        emulate_block_scaled(aw, bw, cw, sa, sb, ins, model)`` emulates.
+    model : BlockScaledModel, optional
+        Default :func:`block_scaled_model_for` `ins` (the rtx5090 preset).
+
+    Examples
+    --------
+    >>> from fpsim.gpu.fragments import BLOCK_SCALED_INSTRUCTIONS
+    >>> ins = BLOCK_SCALED_INSTRUCTIONS["sm_120a m16n8k32 mxf8f6f4 ue8m0/32 fp8_e4m3->fp32"]
+    >>> m = block_scaled_model_for(ins)
+    >>> emu = lambda aw, bw, cw, sa, sb, i: emulate_block_scaled(aw, bw, cw, sa, sb, i, m)
+    >>> crosscheck_block_scaled(ins, 256, runner=emu).mismatches
+    0
+    """
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n!r}")
+    model = block_scaled_model_for(ins) if model is None else model
+    if (model.kind, model.a, model.output, model.block, model.scale) != (ins.kind, ins.input, ins.output, ins.block,
+                                                                         ins.scale):
+        raise ValueError(f"model {model.name} does not match the instruction {ins.ptx}")
+    dev_name = ""
+    if runner is None:
+        from ._device import device_info
+
+        dev_name = device_info(device).name
+        runner = gpu_scaled_runner(device)
+    tiles = -(-n // (ins.m * ins.n))
+    a, b, c = random_tiles(ins, tiles, seed=seed)
+    sa, sb = random_scales(ins, tiles, seed=seed + 1)
+    words = runner(pack_a(a, ins), pack_b(b, ins), pack_c(c, ins), pack_scales(sa, ins, "a"),
+                   pack_scales(sb, ins, "b"), ins)
+    d_codes = unpack_d(words, ins).astype(np.uint64)
+    want_v = expected_block_scaled(a, b, c, sa, sb, model)
+    want = _out_codes(want_v, ins.output).astype(np.uint64)
+    got_v = decode_d(d_codes, ins)
+    with np.errstate(invalid="ignore"):
+        both_nan = np.isnan(want_v) & np.isnan(got_v)
+        zero_sign = (want_v == 0) & (got_v == 0) & (want != d_codes)
+    diff = want != d_codes
+    bad = diff & ~both_nan & ~zero_sign
+    ex: list[dict[str, Any]] = []
+    for t, i, j in list(zip(*np.nonzero(bad)))[:max_examples]:
+        ex.append({"tile": int(t), "row": int(i), "col": int(j), "probe": None,
+                   "a": [_hex(v, fp32) for v in a[t, i, :]], "b": [_hex(v, fp32) for v in b[t, :, j]],
+                   "c": _hex(float(c[t, i, j]), fp32), "scale_a": [int(x) for x in sa[t, i]],
+                   "scale_b": [int(x) for x in sb[t, :, j]],
+                   "fpsim": _hex(float(want_v[t, i, j]), ins.output), "gpu": _hex(float(got_v[t, i, j]), ins.output)})
+    return MMAReport(model=model.name, instruction=ins.ptx, n=int(bad.size), mismatches=int(bad.sum()),
+                     zero_sign_diffs=int(zero_sign.sum()), nan_pattern_diffs=int((diff & both_nan).sum()),
+                     examples=tuple(ex), device=dev_name)
