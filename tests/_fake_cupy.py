@@ -2,8 +2,8 @@
 
 It checks the wiring only (kernel names, argument order and shapes, launch sizes, device queries), never the
 numerics: every kernel is recognised from its source and emulated on the CPU with the preset of the device it
-claims to be. It has both compile routes fpsim has used: ``RawKernel`` / ``RawModule(code=...)`` and the old
-``cupy.cuda.compiler.compile_with_cache``.
+claims to be. Like CuPy 14 it builds kernels only through ``RawModule(code=...)``: the removed
+``cupy.cuda.compiler.compile_with_cache`` and ``RawKernel`` are absent, so code still calling them fails here.
 
 In this process: ``install(monkeypatch)``. In a child process (``tools/gpu_crosscheck.sh``):
 ``write_shim(folder)`` writes a ``cupy`` package there that installs the fake on import; put the folder first on
@@ -71,31 +71,52 @@ def _kernel(src: str, name: str, device: str, launches: list[tuple[str, int, int
     return call
 
 
-def make(name: str = "NVIDIA H200", cc: tuple[int, int] = (9, 0), preset: str = "h200") -> types.ModuleType:
-    """A fake ``cupy`` module (with ``cupy.cuda`` and ``cupy.cuda.compiler``) claiming one device `name`."""
-    launches: list[tuple[str, int, int]] = []
+class FakeCompileException(Exception):
+    """What CuPy's RawModule raises when NVRTC or ptxas refuses a kernel (cupy.cuda.compiler.CompileException)."""
 
-    class RawKernel:
-        def __init__(self, code: str, name: str, options: tuple[str, ...] = (), **kw: Any) -> None:
-            self.src, self.name, self.options = code, name, tuple(options)
+
+FakeCompileException.__name__ = "CompileException"
+
+
+def make(name: str = "NVIDIA H200", cc: tuple[int, int] = (9, 0), preset: str = "h200",
+         refuse: tuple[str, ...] = ()) -> types.ModuleType:
+    """A fake CuPy 14 (``cupy``, ``cupy.cuda``, ``cupy.cuda.compiler``) claiming one device `name`.
+
+    ``RawModule(code=..., options=...).get_function(name)`` is the only way to a kernel, as in CuPy 14: no
+    ``RawKernel``, no ``cupy.cuda.compiler.compile_with_cache`` (removed in CuPy 13), so code that still calls
+    them fails here as it would on the device. ``modules`` records (code, options) of every build, ``launches``
+    every launch; a kernel whose source contains a string of `refuse` fails to compile as NVRTC would.
+    """
+    launches: list[tuple[str, int, int]] = []
+    built: list[tuple[str, tuple[str, ...]]] = []
+
+    class Function:
+        def __init__(self, code: str, name: str, options: tuple[str, ...]) -> None:
+            self.src, self.name, self.options = code, name, options
             self._call = _kernel(code, name, preset, launches)
 
         def __call__(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], **kw: Any) -> None:
+            if self.name == "fpsim_wgmma":
+                assert "--gpu-architecture=sm_90a" in self.options  # wgmma exists on sm_90a only
             self._call(grid, block, args)
 
     class RawModule:
         def __init__(self, code: str | None = None, *, path: str | None = None, options: tuple[str, ...] = (),
                      **kw: Any) -> None:
-            if code is None:
-                assert path is not None, "RawModule needs code= or path="
-                code = Path(path).read_text(errors="replace")
-            self.code, self.options = code, tuple(options)
+            assert (code is None) != (path is None), "RawModule needs code= or path="
+            assert isinstance(options, tuple) and "-std=c++17" in options and "-ftz=true" in options  # CuPy's
+            self.code = code if code is not None else Path(str(path)).read_text(errors="replace")
+            self.options = options
+            built.append((self.code, options))
 
-        def get_function(self, name: str) -> RawKernel:
-            return RawKernel(self.code, name, self.options)
-
-    def compile_with_cache(source: str, options: tuple[str, ...] = (), arch: Any = None, **kw: Any) -> RawModule:
-        return RawModule(code=source, options=options)
+        def get_function(self, name: str) -> Function:
+            # CuPy compiles lazily: a refusal surfaces from get_function
+            bad = [r for r in refuse if r in self.code]
+            if bad:
+                raise FakeCompileException(f"ptxas application ptx input, line 1; error   : Instruction '{bad[0]}' "
+                                           "not supported on .target 'sm_90'")
+            assert re.search(rf"void (__launch_bounds__\(\d+\) )?{name}\(", self.code), name
+            return Function(self.code, name, self.options)
 
     class Device:
         def __init__(self, i: int = 0) -> None:
@@ -114,8 +135,9 @@ def make(name: str = "NVIDIA H200", cc: tuple[int, int] = (9, 0), preset: str = 
     cuda.runtime = runtime  # type: ignore[attr-defined]
     cuda.Device = Device  # type: ignore[attr-defined]
     cuda.get_cuda_path = lambda: None  # type: ignore[attr-defined]
+    cuda.nvrtc = types.SimpleNamespace(getVersion=lambda: (13, 0))  # type: ignore[attr-defined]
     compiler = types.ModuleType("cupy.cuda.compiler")
-    compiler.compile_with_cache = compile_with_cache  # type: ignore[attr-defined]
+    compiler.CompileException = FakeCompileException  # type: ignore[attr-defined]
     cuda.compiler = compiler  # type: ignore[attr-defined]
     cp = types.ModuleType("cupy")
     cp.cuda = cuda  # type: ignore[attr-defined]
@@ -124,9 +146,9 @@ def make(name: str = "NVIDIA H200", cc: tuple[int, int] = (9, 0), preset: str = 
     cp.asarray = lambda x, dtype=None: np.array(x, dtype=dtype)  # type: ignore[attr-defined]
     cp.asnumpy = lambda x: np.array(x)  # type: ignore[attr-defined]
     cp.zeros = np.zeros  # type: ignore[attr-defined]
-    cp.RawKernel = RawKernel  # type: ignore[attr-defined]
     cp.RawModule = RawModule  # type: ignore[attr-defined]
     cp.launches = launches  # type: ignore[attr-defined]
+    cp.modules = built  # type: ignore[attr-defined]
     return cp
 
 

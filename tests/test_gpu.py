@@ -508,103 +508,12 @@ def test_render_markdown_from_emulated_results() -> None:
 # ------------------------------------------------------------------------------------------------------
 
 
-class FakeCompileException(Exception):
-    """What CuPy's RawModule raises when NVRTC or ptxas refuses a kernel (cupy.cuda.compiler.CompileException)."""
-
-
-FakeCompileException.__name__ = "CompileException"
-
-
 def _fake_cupy(refuse: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
-    """A CuPy 14 stand-in: ``RawModule(code=..., options=...).get_function(name)`` as the only way to a kernel
-    (no ``RawKernel``, no ``cupy.cuda.compiler.compile_with_cache``, which CuPy 13 removed), whose "GPU" computes
-    with fpsim. ``modules`` records (code, options) of every build, ``launches`` every launch; a kernel whose
-    source contains a string of `refuse` fails to compile as NVRTC would."""
-    import re
-    import types
+    """The fake CuPy 14 of tests/_fake_cupy.py (one fake for every GPU test): an H200 whose "GPU" computes with
+    fpsim; ``modules`` records every build, ``launches`` every launch; sources containing `refuse` fail to compile."""
+    import _fake_cupy
 
-    from fpsim.gpu.convert import CONVERSIONS
-    from fpsim.gpu.wgmma import emulate_wgmma, wgmma_instruction
-
-    launches: list[tuple[str, int, int]] = []
-    modules: list[tuple[str, tuple[str, ...]]] = []
-
-    class Function:
-        def __init__(self, src: str, name: str, options: tuple[str, ...]) -> None:
-            self.src, self.name, self.options = src, name, options
-
-        def __call__(self, grid, block, args):  # type: ignore[no-untyped-def]
-            threads = grid[0] * block[0]
-            assert block[0] % 32 == 0
-            if self.name == "fpsim_mma":
-                a, b, c, d, t = args
-                assert isinstance(t, np.int32) and threads >= int(t) * 32
-                ptx = re.search(r'asm volatile\("(\S+) ', self.src).group(1)  # type: ignore[union-attr]
-                path = next(pa for pa in PATHS if instruction_for(*pa).ptx == ptx)
-                d[...] = emulate_words(a, b, c, instruction_for(*path), get_model("h200", *path))
-                launches.append((ptx, threads, int(t)))
-            elif self.name == "fpsim_wgmma":
-                a, b, c, d, t = args
-                assert isinstance(t, np.int32) and grid == (int(t),) and block == (128,)
-                assert "--gpu-architecture=sm_90a" in self.options  # wgmma exists on sm_90a only
-                m = re.search(r"(wgmma\.mma_async\S+m64n(\d+)k32\.(f32|f16)\.(e4m3|e5m2)\.\S+) ", self.src)
-                assert m is not None
-                ins = wgmma_instruction(m.group(4), m.group(3).replace("f", "fp"), int(m.group(2)))
-                model = get_model("h200", ins.input, ins.output, path="wgmma")
-                d[...] = emulate_wgmma(a.view(np.uint8), b.view(np.uint8), c, ins, model)
-                launches.append((m.group(1), threads, int(t)))
-            else:
-                assert self.name == "fpsim_cvt"
-                x, out, n = args
-                assert isinstance(n, np.int64) and threads >= int(n) and x.dtype == np.float32
-                (fmt, rnd, sat), = [k for k, expr in CONVERSIONS.items() if f"out[i] = {expr};" in self.src]
-                out[...] = fpsim.to_bits(x, fmt, rnd, overflow="saturate" if sat else "ieee")
-                launches.append((fmt, threads, int(n)))
-
-    class RawModule:
-        def __init__(self, *, code: str | None = None, path: str | None = None,
-                     options: tuple[str, ...] = ()) -> None:
-            assert (code is None) != (path is None) and isinstance(options, tuple)
-            assert "-std=c++17" in options and "-ftz=true" in options  # what CuPy passes by default
-            self.code, self.options = code or "", options
-            modules.append((self.code, options))
-
-        def get_function(self, name: str) -> Function:
-            # CuPy compiles lazily, here: a refusal surfaces from get_function
-            bad = [r for r in refuse if r in self.code]
-            if bad:
-                raise FakeCompileException(f"ptxas application ptx input, line 1; error   : Instruction '{bad[0]}' "
-                                           "not supported on .target 'sm_90'")
-            assert re.search(rf"void (__launch_bounds__\(\d+\) )?{name}\(", self.code), name
-            return Function(self.code, name, self.options)
-
-    class Device:
-        def __init__(self, i: int) -> None:
-            self.i = i
-
-        def use(self) -> None:
-            pass
-
-    runtime = types.SimpleNamespace(
-        getDeviceCount=lambda: 1,
-        getDeviceProperties=lambda i: {"name": b"NVIDIA H200", "major": 9, "minor": 0},
-        runtimeGetVersion=lambda: 13000,
-        deviceSynchronize=lambda: None,
-    )
-    cp = types.ModuleType("cupy")
-    cp.cuda = types.SimpleNamespace(  # type: ignore[attr-defined]
-        runtime=runtime, Device=Device, get_cuda_path=lambda: None,
-        compiler=types.SimpleNamespace(CompileException=FakeCompileException),  # no compile_with_cache
-        nvrtc=types.SimpleNamespace(getVersion=lambda: (13, 0)))
-    cp.__version__ = "fake"  # type: ignore[attr-defined]
-    cp.uint32 = np.uint32  # type: ignore[attr-defined]
-    cp.asarray = lambda x: np.array(x)  # type: ignore[attr-defined]
-    cp.asnumpy = lambda x: np.array(x)  # type: ignore[attr-defined]
-    cp.zeros = np.zeros  # type: ignore[attr-defined]
-    cp.RawModule = RawModule  # type: ignore[attr-defined]
-    cp.launches = launches  # type: ignore[attr-defined]
-    cp.modules = modules  # type: ignore[attr-defined]
-    return cp
+    return _fake_cupy.make(refuse=refuse)
 
 
 def test_plumbing_with_a_fake_cupy(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],

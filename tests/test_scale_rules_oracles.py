@@ -134,17 +134,11 @@ def rceil_log2_inexact(x: np.ndarray, elem: str) -> np.ndarray:
         return np.isfinite(d) & (d > 2.0**-127) & (d <= 2.0**127) & exact_up & (np.ceil(lg) == np.floor(lg))
 
 
+@pytest.mark.parametrize("n,seed", [(N_FAST, 11), pytest.param(N_SLOW, 12, marks=pytest.mark.slow, id="million")])
 @pytest.mark.parametrize("elem", ELEMS)
 @pytest.mark.parametrize("rule", list(TAO_MODES))
-def test_torchao_to_mx_fast(rule: str, elem: str) -> None:
-    _check_torchao(rule, elem, N_FAST, seed=11)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("elem", ELEMS)
-@pytest.mark.parametrize("rule", list(TAO_MODES))
-def test_torchao_to_mx_million_blocks(rule: str, elem: str) -> None:
-    _check_torchao(rule, elem, N_SLOW, seed=12)
+def test_torchao_to_mx(rule: str, elem: str, n: int, seed: int) -> None:
+    _check_torchao(rule, elem, n, seed=seed)
 
 
 def _check_torchao(rule: str, elem: str, n: int, seed: int) -> None:
@@ -210,17 +204,11 @@ def onnx_known_deviation(x: np.ndarray, elem: str, round_mode: str) -> np.ndarra
 ONNX_MODES = {"onnx-up": "up", "onnx-down": "down", "onnx-nearest": "nearest"}
 
 
+@pytest.mark.parametrize("n,seed", [(N_FAST, 21), pytest.param(N_SLOW, 22, marks=pytest.mark.slow, id="million")])
 @pytest.mark.parametrize("elem", ELEMS)
 @pytest.mark.parametrize("rule", list(ONNX_MODES))
-def test_onnx_cast_fast(rule: str, elem: str) -> None:
-    _check_onnx(rule, elem, N_FAST, seed=21)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("elem", ELEMS)
-@pytest.mark.parametrize("rule", list(ONNX_MODES))
-def test_onnx_cast_million_blocks(rule: str, elem: str) -> None:
-    _check_onnx(rule, elem, N_SLOW, seed=22)
+def test_onnx_cast(rule: str, elem: str, n: int, seed: int) -> None:
+    _check_onnx(rule, elem, n, seed=seed)
 
 
 def _check_onnx(rule: str, elem: str, n: int, seed: int) -> None:

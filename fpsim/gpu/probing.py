@@ -99,16 +99,20 @@ class ProbeOutputs:
                    seed=int(d.get("seed", 0)), random_rows=int(d.get("random_rows", 48)), note=str(d.get("note", "")))
 
 
+def _padded(probes: Sequence[Probe], K: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A, B (zero-padded to K terms; a probe has at most K) and C of the probes, as float64 rows."""
+    a = np.zeros((len(probes), K))
+    b = np.zeros((len(probes), K))
+    for i, q in enumerate(probes):  # a few hundred short probes: building the rows is not a data path
+        a[i, : len(q.a)] = q.a
+        b[i, : len(q.b)] = q.b
+    return a, b, np.array([q.c for q in probes], dtype=np.float64)
+
+
 @ieee_mode
 def evaluate_probes(probes: Sequence[Probe], model: MMAModel, K: int) -> np.ndarray:
     """D of every probe under `model` (float64), each zero-padded to K terms."""
-    n = len(probes)
-    a = np.zeros((n, K))
-    b = np.zeros((n, K))
-    for i, q in enumerate(probes):
-        a[i, : len(q.a)] = q.a
-        b[i, : len(q.b)] = q.b
-    c = np.array([q.c for q in probes], dtype=np.float64)
+    a, b, c = _padded(probes, K)
     return np.atleast_1d(np.asarray(dot(a, b, c, model), dtype=np.float64))
 
 
@@ -310,13 +314,7 @@ def fit_parameters(probe_outputs: ProbeOutputs | Mapping[str, Any], *, max_alter
 def _probe_rows(probes: Sequence[Probe], fin: Format, fout: Format, K: int
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The probes as rows of K terms (zero-padded), inputs and C converted as fpsim.mma.dot converts them."""
-    n = len(probes)
-    a = np.zeros((n, K))
-    b = np.zeros((n, K))
-    for i, q in enumerate(probes):
-        a[i, : len(q.a)] = q.a
-        b[i, : len(q.b)] = q.b
-    c = np.array([q.c for q in probes], dtype=np.float64)
+    a, b, c = _padded(probes, K)
     mode = "rtz" if fin.name == "tf32" else "rne"
     with np.errstate(over="ignore", invalid="ignore"):
         a = np.asarray(fpround(a, fin, mode), dtype=np.float64)
