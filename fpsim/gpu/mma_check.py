@@ -157,6 +157,21 @@ def expected_d(a: np.ndarray, b: np.ndarray, c: np.ndarray, model: MMAModel) -> 
     return np.asarray(dot(rows, cols, np.asarray(c, dtype=np.float64), model), dtype=np.float64)
 
 
+
+def _mismatches(want_v: np.ndarray, d_codes: np.ndarray, ins: MMAInstruction
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Expected codes, the device's values, where the codes differ, where both are NaN, where both are zeros of
+    other signs, and the mismatches: code differences that are neither (models carry no NaN payloads and no sign
+    of an exact zero)."""
+    want = _out_codes(want_v, ins.output).astype(np.uint64)
+    got_v = decode_d(d_codes, ins)
+    with np.errstate(invalid="ignore"):
+        both_nan = np.isnan(want_v) & np.isnan(got_v)
+        zero_sign = (want_v == 0) & (got_v == 0) & (want != d_codes)
+    diff = want != d_codes
+    return want, got_v, diff, both_nan, zero_sign, diff & ~both_nan & ~zero_sign
+
+
 @ieee_mode
 def compare_mma(a: np.ndarray, b: np.ndarray, c: np.ndarray, d_codes: np.ndarray, model: MMAModel,
                 ins: MMAInstruction | None = None, *, probe_ids: Sequence[str] = (), max_examples: int = 10,
@@ -172,13 +187,7 @@ def compare_mma(a: np.ndarray, b: np.ndarray, c: np.ndarray, d_codes: np.ndarray
     if d_codes.shape != (a.shape[0], ins.m, ins.n):
         raise ValueError(f"d_codes must have shape {(a.shape[0], ins.m, ins.n)}, got {d_codes.shape}")
     want_v = expected_d(a, b, c, model)
-    want = _out_codes(want_v, ins.output).astype(np.uint64)
-    got_v = decode_d(d_codes, ins)
-    with np.errstate(invalid="ignore"):
-        both_nan = np.isnan(want_v) & np.isnan(got_v)
-        zero_sign = (want_v == 0) & (got_v == 0) & (want != d_codes)
-    diff = want != d_codes
-    bad = diff & ~both_nan & ~zero_sign
+    want, got_v, diff, both_nan, zero_sign, bad = _mismatches(want_v, d_codes, ins)
     npr = len(probe_ids)
     mask = np.ones(bad.shape, dtype=bool)
     if npr:
@@ -485,13 +494,7 @@ def crosscheck_block_scaled(ins: MMAInstruction, n: int = 10000, *, device: int 
                    pack_scales(sb, ins, "b"), ins)
     d_codes = unpack_d(words, ins).astype(np.uint64)
     want_v = expected_block_scaled(a, b, c, sa, sb, model)
-    want = _out_codes(want_v, ins.output).astype(np.uint64)
-    got_v = decode_d(d_codes, ins)
-    with np.errstate(invalid="ignore"):
-        both_nan = np.isnan(want_v) & np.isnan(got_v)
-        zero_sign = (want_v == 0) & (got_v == 0) & (want != d_codes)
-    diff = want != d_codes
-    bad = diff & ~both_nan & ~zero_sign
+    want, got_v, diff, both_nan, zero_sign, bad = _mismatches(want_v, d_codes, ins)
     ex: list[dict[str, Any]] = []
     for t, i, j in list(zip(*np.nonzero(bad)))[:max_examples]:
         ex.append({"tile": int(t), "row": int(i), "col": int(j), "probe": None,

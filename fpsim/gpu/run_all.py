@@ -66,6 +66,24 @@ def run_all(device: int = 0, *, as_device: str | None = None, rows: int = 10000,
         if progress is not None:
             progress(res)
 
+    def check_mma(label: str, run: Callable[[], Any]) -> None:
+        """One MMA path: its report; "skipped" where the toolkit cannot build its kernel; else an error. A failing
+        or unsupported path never hides the others."""
+        t0 = time.perf_counter()
+        try:
+            r = run()
+        except Exception as e:  # noqa: BLE001
+            why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            if is_compile_error(e):
+                res["mma"].append({"path": label, "skipped": f"the CUDA toolkit cannot build it: {why}"})
+                say(f"mma {label}: skipped ({why})")
+            else:
+                res["errors"].append(f"mma {label}: {type(e).__name__}: {why}")
+                say(res["errors"][-1])
+            return
+        res["mma"].append({"path": label, **r.to_dict(), "seconds": round(time.perf_counter() - t0, 2)})
+        say(r.summary())
+
     info = device_info(device)
     name = as_device or info.name
     res: dict[str, Any] = {"device": info.to_dict(), "preset_device": name, "rows": rows, "seed": seed,
@@ -85,19 +103,7 @@ def run_all(device: int = 0, *, as_device: str | None = None, rows: int = 10000,
         if info.cc < ins.min_cc:
             res["mma"].append({"path": ins.label, "skipped": f"needs compute capability {ins.min_cc}"})
             continue
-        t0 = time.perf_counter()
-        try:
-            mr = crosscheck_mma(name, inp, out, rows, device=device, seed=seed)
-            res["mma"].append({"path": ins.label, **mr.to_dict(), "seconds": round(time.perf_counter() - t0, 2)})
-            say(mr.summary())
-        except Exception as e:  # noqa: BLE001  (an unsupported path must not hide the others)
-            if is_compile_error(e):
-                why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-                res["mma"].append({"path": ins.label, "skipped": f"the CUDA toolkit cannot build it: {why}"})
-                say(f"mma {ins.label}: skipped ({why})")
-                continue
-            res["errors"].append(f"mma {ins.label}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-            say(res["errors"][-1])
+        check_mma(ins.label, lambda: crosscheck_mma(name, inp, out, rows, device=device, seed=seed))
     for label, gins in GENERATION_INSTRUCTIONS.items():
         if not gins.runs_on(info.cc):
             where = f"compute capability {gins.min_cc}" + (" exactly" if gins.arch_suffix else " or later")
@@ -107,52 +113,20 @@ def run_all(device: int = 0, *, as_device: str | None = None, rows: int = 10000,
             # later GPUs accept m8n8k4 but the PTX ISA calls it optimized for sm_70 only; no preset models it there
             res["mma"].append({"path": label, "skipped": "m8n8k4 is checked against the v100 preset on Volta only"})
             continue
-        t0 = time.perf_counter()
-        try:
-            gr = crosscheck_mma(name, gins.input, gins.output, rows, device=device, seed=seed, instruction=gins,
-                                probes=gins.input.width >= 8)
-            res["mma"].append({"path": label, **gr.to_dict(), "seconds": round(time.perf_counter() - t0, 2)})
-            say(gr.summary())
-        except Exception as e:  # noqa: BLE001  (as for the shared shapes: recorded, the others still run)
-            why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-            if is_compile_error(e):
-                res["mma"].append({"path": label, "skipped": f"the CUDA toolkit cannot build it: {why}"})
-            else:
-                res["errors"].append(f"mma {label}: {type(e).__name__}: {why}")
-            say(f"mma {label}: {why}")
+        check_mma(label, lambda: crosscheck_mma(name, gins.input, gins.output, rows, device=device, seed=seed,
+                                                instruction=gins, probes=gins.input.width >= 8))
     for label, bins in BLOCK_SCALED_INSTRUCTIONS.items():
         if not bins.runs_on(info.cc):
             res["mma"].append({"path": label, "skipped": f"needs compute capability {bins.min_cc} exactly ({bins.arch})"})
             continue
-        t0 = time.perf_counter()
-        try:  # the model is the rtx5090 preset: the only device these sm_120a instructions run on
-            br = crosscheck_block_scaled(bins, rows, device=device, seed=seed)
-            res["mma"].append({"path": label, **br.to_dict(), "seconds": round(time.perf_counter() - t0, 2)})
-            say(br.summary())
-        except Exception as e:  # noqa: BLE001  (as for mma.sync: recorded, the others still run)
-            why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-            if is_compile_error(e):
-                res["mma"].append({"path": label, "skipped": f"the CUDA toolkit cannot build it: {why}"})
-            else:
-                res["errors"].append(f"mma {label}: {type(e).__name__}: {why}")
-            say(f"mma {label}: {why}")
+        # the model is the rtx5090 preset: the only device these sm_120a instructions run on
+        check_mma(label, lambda: crosscheck_block_scaled(bins, rows, device=device, seed=seed))
     for inp, out in WGMMA_PATHS:
         label = f"wgmma {inp}->{out}"
         if info.cc != 90:  # wgmma exists on sm_90a only
             res["mma"].append({"path": label, "skipped": "wgmma needs compute capability 9.0 (sm_90a)"})
             continue
-        t0 = time.perf_counter()
-        try:
-            wr = crosscheck_wgmma(name, inp, out, rows, device=device, seed=seed)
-            res["mma"].append({"path": label, **wr.to_dict(), "seconds": round(time.perf_counter() - t0, 2)})
-            say(wr.summary())
-        except Exception as e:  # noqa: BLE001  (as for mma.sync: recorded, the others still run)
-            why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-            if is_compile_error(e):
-                res["mma"].append({"path": label, "skipped": f"the CUDA toolkit cannot build it: {why}"})
-            else:
-                res["errors"].append(f"{label}: {type(e).__name__}: {why}")
-            say(f"{label}: {why}")
+        check_mma(label, lambda: crosscheck_wgmma(name, inp, out, rows, device=device, seed=seed))
     t0 = time.perf_counter()
     try:
         pr = probe(device, seed=seed)
