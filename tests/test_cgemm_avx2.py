@@ -19,7 +19,7 @@ import pytest
 import fpsim
 from fpsim import rounding
 from fpsim.mma import gemm as G
-from fpsim.mma import get_model, preset_table
+from fpsim.mma import get_model
 
 C = G._cgemm
 pytestmark = pytest.mark.skipif(C is None or not hasattr(C, "impl"),
@@ -42,22 +42,7 @@ def _has_avx2() -> bool:
 HAS_AVX2 = _has_avx2()
 
 
-def _presets() -> list[tuple[str, str, str, str | None]]:
-    keys = []
-    for row in preset_table():
-        if row["input"] is None or row["vendor"] != "NVIDIA":
-            continue
-        try:
-            m = get_model(row["device"], row["input"], row["output"], path=row["path"])
-        except ValueError:  # block-scaled paths are not single MMAModels
-            continue
-        if m.kind == "bfma":
-            keys.append((row["device"], row["input"], row["output"], row["path"]))
-    return keys
-
-
-PRESETS = _presets()
-IDS = ["-".join(str(x) for x in key if x) for key in PRESETS]
+from test_cgemm import IDS, PRESETS  # every BFMA preset, as tests/test_cgemm.py runs them  # noqa: E402
 
 
 def _bits(x: Any) -> np.ndarray:
