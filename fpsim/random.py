@@ -18,10 +18,10 @@ known-answer vectors are the oracle of both (tests/test_philox.py).
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import numpy as np
 
+from ._checks import check_int
 from ._fpenv import ieee_mode
 
 __all__ = ["Philox", "philox_words"]
@@ -57,7 +57,9 @@ def philox_words(key: int, start: int, n: int) -> np.ndarray:
     >>> [f"{w:08x}" for w in philox_words(0, 0, 4)]  # Random123's known answer for counter 0, key 0
     ['6627e8d5', 'e169c58d', 'bc57ac4c', '9b00dbd8']
     """
-    key, start, n = _check_uint("key", key, _MAX_KEY), _check_uint("start", start, _MAX_POS), _check_uint("n", n, None)
+    key = check_int(key, "key", lo=0, hi=_MAX_KEY)
+    start = check_int(start, "start", lo=0, hi=_MAX_POS)
+    n = check_int(n, "n", lo=0)
     if start + n > _MAX_POS + 1:
         raise ValueError(f"words {start} .. {start + n - 1} run past the end of the stream (2**66 words)")
     b0, b1 = start // 4, (start + n + 3) // 4
@@ -67,15 +69,6 @@ def philox_words(key: int, start: int, n: int) -> np.ndarray:
     words = _rounds(c, key).reshape(-1)
     off = start - 4 * b0
     return words[off : off + n]
-
-
-def _check_uint(name: str, v: Any, top: int | None) -> int:
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {type(v).__name__} {v!r}")
-    i = int(v)
-    if i < 0 or (top is not None and i > top):
-        raise ValueError(f"{name} must be in 0 .. {top if top is not None else 'inf'}, got {i}")
-    return i
 
 
 @ieee_mode
@@ -110,9 +103,9 @@ class Philox:
         if isinstance(seed, np.random.Generator):
             key = int(seed.integers(0, _MAX_KEY, dtype=np.uint64, endpoint=True))
         else:
-            key = _check_uint("seed", seed, _MAX_KEY)
+            key = check_int(seed, "seed", lo=0, hi=_MAX_KEY)
         self._key = key
-        self._pos = _check_uint("position", position, _MAX_POS)
+        self._pos = check_int(position, "position", lo=0, hi=_MAX_POS)
         self._lock = threading.Lock()
 
     @property
@@ -139,7 +132,7 @@ class Philox:
 
     def take(self, n: int) -> int:
         """Reserve the next ``n`` words: their first word's index; the position moves to the next multiple of 4."""
-        n = _check_uint("n", n, None)
+        n = check_int(n, "n", lo=0)
         with self._lock:
             start = self._pos
             end = start + n
