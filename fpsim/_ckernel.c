@@ -660,7 +660,8 @@ typedef struct {
     u128 pst;
     const pcg_jumps_t *J;
 #endif
-    int phx;            /* or from Philox4x32-10 with this key, from stream word pw on */
+    int phx;            /* or from Philox4x32-10 with this key, from stream word pw on: 1 one word per element
+                           (float64: two), 2 half a word (float32 rounding that reads at most 16 bits) */
     uint32_t pk0, pk1;
     uint64_t pw;
     int set_env;        /* a worker thread: take the caller's floating-point environment */
@@ -778,7 +779,18 @@ static void run_job(job_t *j)
         for (Py_ssize_t o = 0, k; o < j->n; o += k) {
             k = o == 0 && head ? head : j->n - o < blk ? j->n - o : blk;
             const uint32_t *r = rand ? rand + o : NULL;
-            if (j->phx) { /* one stream word per element */
+            if (j->phx == 2) { /* half a stream word per element (at most 16 bits used): low half first */
+                Py_ssize_t w = (k + 1) / 2;
+                uint32_t *words = rbuf32 + BLK; /* expanded forwards below: 2 i + 1 < BLK + i */
+                philox_fill(j->pk0, j->pk1, j->pw, words, w);
+                for (Py_ssize_t i = 0; i < w; i++) {
+                    uint32_t x = words[i];
+                    rbuf32[2 * i] = x << 16;
+                    rbuf32[2 * i + 1] = x & 0xffff0000u;
+                }
+                j->pw += (uint64_t)w;
+                r = rbuf32;
+            } else if (j->phx) { /* one stream word per element */
                 philox_fill(j->pk0, j->pk1, j->pw, rbuf32, k);
                 j->pw += (uint64_t)k;
                 r = rbuf32;
@@ -1027,12 +1039,14 @@ static PyObject *round_bits(PyObject *self, PyObject *args)
                PyUnicode_Check(PyTuple_GET_ITEM(rand_obj, 0))) {
         const char *kind;
         if (!PyArg_ParseTuple(rand_obj, "sKKKK;round_bits: rand ('pcg64', state_hi, state_lo, inc_hi, inc_lo) or "
-                              "('philox', key_lo, key_hi, word, 0)", &kind, &ps_hi, &ps_lo, &pi_hi, &pi_lo))
+                              "('philox', key_lo, key_hi, word, half)", &kind, &ps_hi, &ps_lo, &pi_hi, &pi_lo))
             goto fail;
         if (strcmp(kind, "philox") == 0) {
             if (ps_hi > 0xffffffffULL || ps_lo > 0xffffffffULL)
                 why = "philox key halves must be 32-bit";
-            have_phx = 1;
+            else if (pi_lo > 1 || (pi_lo == 1 && p.W != 32))
+                why = "philox words per element: 0 (one, or two for float64) or 1 (half a word, float32 only)";
+            have_phx = pi_lo == 1 ? 2 : 1;
         } else if (strcmp(kind, "pcg64") != 0) {
             why = "the inline bit generators are 'pcg64' and 'philox'";
         } else if (!HAVE_PCG64) {
@@ -1124,7 +1138,8 @@ static PyObject *round_bits(PyObject *self, PyObject *args)
             j->bg = n_caps ? caps[n_caps > 1 ? k : 0] : NULL;
             j->phx = have_phx;
             j->pk0 = (uint32_t)ps_hi; j->pk1 = (uint32_t)ps_lo;
-            j->pw = (uint64_t)pi_hi + (uint64_t)(p.W == 32 ? lo : 2 * lo); /* this job's first stream word */
+            /* this job's first stream word (lo is a multiple of 2048: whole words in the half-word case) */
+            j->pw = (uint64_t)pi_hi + (uint64_t)(have_phx == 2 ? lo / 2 : p.W == 32 ? lo : 2 * lo);
 #if HAVE_PCG64
             j->pcg = have_pcg;
             j->J = &J;

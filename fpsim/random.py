@@ -8,8 +8,10 @@ same on 1, 2 or N threads and whatever the chunking, and the compiled kernel vec
 
 The stream is not NumPy's (``numpy.random.Philox`` is Philox4x64 and orders its words otherwise): a seeded
 NumPy ``Generator`` keeps giving the bits it always gave. Words are handed out in call order: each call takes
-the next ``n`` words (float32 carrier: one per element; float64 carrier: two, the first the low half) and the
-position moves on to the next multiple of four, so consecutive calls never share a block.
+the next ``n`` words (float32 carrier: one per element; float64 carrier: two, the first the low half; half a
+word, the low half first, where the rounding reads at most 16 random bits per element of a float32 carrier:
+bf16, ``sr_bits <= 16``) and the position moves on to the next multiple of four, so consecutive calls never
+share a block.
 
 The NumPy implementation here (:func:`philox_words`) is the reference of the compiled one; Random123's
 known-answer vectors are the oracle of both (tests/test_philox.py).

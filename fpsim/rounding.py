@@ -366,7 +366,7 @@ def _kernel(bits: np.ndarray, pl: _Plan, rng: np.random.Generator | Philox | Non
     neg = sign != 0
     if pl.mode is Rounding.SR and rand is None:
         assert rng is not None
-        rand = _random_words(rng, u.size, c)
+        rand = _random_words(rng, u.size, c, pl)
     if pl.d0 >= 1:
         r = _round_mag(u, neg, pl.d0, pl, rand)
     else:
@@ -426,17 +426,42 @@ def _c_params(pl: _Plan) -> tuple[Any, ...]:
     )
 
 
-def _random_words(rng: np.random.Generator | Philox, n: int, c: _Carrier) -> np.ndarray:
+def _philox_half(pl: _Plan) -> bool:
+    """Whether SR under ``pl`` reads at most the top 16 bits of each element's float32-carrier word, so that a
+    :class:`~fpsim.random.Philox` word serves two elements: ``sr_bits`` of at most 16, or exact SR into a format
+    whose dropped bits never exceed 16 and that has no subnormal grid above the carrier's (bf16: always 16).
+    Half the Philox work, which dominates SR's cost (benchmarks/README.md, issue 30)."""
+    if pl.c.W != 32 or pl.mode is not Rounding.SR:
+        return False
+    if pl.sr_bits:
+        return pl.sr_bits <= 16
+    return not pl.need_tiny and pl.d0 <= 16
+
+
+def _philox_words_needed(n: int, pl: _Plan) -> int:
+    """Philox stream words SR of ``n`` elements under ``pl`` takes."""
+    return (n + 1) // 2 if _philox_half(pl) else n if pl.c.W == 32 else 2 * n
+
+
+def _random_words(rng: np.random.Generator | Philox, n: int, c: _Carrier, pl: _Plan | None = None) -> np.ndarray:
     """n uniform carrier-width random words (the same stream for the C and NumPy kernels).
 
     A :class:`~fpsim.random.Philox` stream gives its next words: one per element of a float32 carrier,
-    two per element of a float64 one (the first the low half).
+    two per element of a float64 one (the first the low half); where the rounding reads at most 16 bits
+    of each (`_philox_half`: bf16, ``sr_bits <= 16``), half a word per element, the low half first, each
+    half in the top 16 bits of the element's word.
 
     The generator's full 64-bit words (``next_uint64``: what ``random_raw`` gives for PCG64, Philox and
     SFC64, bit for bit). ``random_raw`` itself is not used: a 32-bit generator (MT19937) returns its words
     in the low half, so SR in the float64 carrier never rounded up and half the float32 words were zero.
     """
     if isinstance(rng, Philox):
+        if pl is not None and _philox_half(pl):
+            h = rng.words((n + 1) // 2)
+            both = np.empty(2 * h.size, dtype=np.uint32)
+            both[0::2] = h << np.uint32(16)
+            both[1::2] = h & np.uint32(0xFFFF0000)
+            return both[:n]
         w = rng.words(n if c.W == 32 else 2 * n)
         if c.W == 32:
             return w
@@ -504,8 +529,9 @@ def _run_c_kernel(sb: np.ndarray, res: np.ndarray, pl: _Plan, rng: np.random.Gen
         return
     assert rng is not None
     if isinstance(rng, Philox):  # counter-based: each thread computes its own elements' words
-        start = rng.take(sb.size if pl.c.W == 32 else 2 * sb.size)
-        _ckernel.round_bits(sb, res, ("philox", rng.key & _M32, rng.key >> 32, start, 0), params, chunk)
+        half = _philox_half(pl)
+        start = rng.take(_philox_words_needed(sb.size, pl))
+        _ckernel.round_bits(sb, res, ("philox", rng.key & _M32, rng.key >> 32, start, int(half)), params, chunk)
         return
     bg = rng.bit_generator
     with bg.lock:

@@ -68,23 +68,51 @@ def test_stream_words_are_the_counter_blocks() -> None:
 
 
 @pytest.mark.skipif(R._ckernel is None, reason="the compiled kernel is not built")
-@pytest.mark.parametrize("dtype,fmt", [(np.float32, "bf16"), (np.float32, "fp8_e4m3"), (np.float64, "fp16"),
-                                       (np.float64, "fp8_e5m2"), (np.float32, "fp4_e2m1")])
-def test_compiled_stream_is_the_reference(kernel_switches, dtype, fmt) -> None:
-    """C kernel (each loop; 1 to 8 threads) == NumPy kernel drawing philox_words, bit for bit."""
+@pytest.mark.parametrize("dtype,fmt,sr_bits", [(np.float32, "bf16", None), (np.float32, "fp8_e4m3", None),
+                                               (np.float64, "fp16", None), (np.float64, "fp8_e5m2", None),
+                                               (np.float32, "fp4_e2m1", None), (np.float32, "fp8_e4m3", 12),
+                                               (np.float32, "fp16", 16), (np.float32, "bf16", 20)])
+def test_compiled_stream_is_the_reference(kernel_switches, dtype, fmt, sr_bits) -> None:
+    """C kernel (each loop; 1 to 8 threads) == NumPy kernel drawing philox_words, bit for bit; whole and
+    half words per element (bf16 and sr_bits <= 16 from float32 take half a word)."""
     rng = np.random.default_rng(11)
     n = (1 << 21) + 37  # past the threading threshold, an odd tail
     x = (rng.standard_normal(n) * rng.choice([1e-6, 1.0, 300.0], n)).astype(dtype)
     key = int(rng.integers(0, 2**63))
     R.use_c_kernel = False
-    ref = fpsim.round(x, fmt, rounding="sr", rng=Philox(key, position=8))
+    p_ref = Philox(key, position=8)
+    ref = fpsim.round(x, fmt, rounding="sr", rng=p_ref, sr_bits=sr_bits)
     R.use_c_kernel = True
     for loop in _loops():
         R._ckernel.philox_impl(loop)
         for threads in (1, 2, 3, 8):
             R.max_threads = threads
-            got = fpsim.round(x, fmt, rounding="sr", rng=Philox(key, position=8))
+            p = Philox(key, position=8)
+            got = fpsim.round(x, fmt, rounding="sr", rng=p, sr_bits=sr_bits)
             assert np.array_equal(got.view(np.uint8), ref.view(np.uint8)), (loop, threads)
+            assert p.position == p_ref.position
+
+
+@pytest.mark.parametrize("use_c", [True, False])
+def test_half_words_are_the_documented_halves(kernel_switches, use_c) -> None:
+    """bf16 SR from float32 reads 16 random bits per element: element 2j takes the low half of stream word j,
+    element 2j + 1 the high half, and rounds up iff its 16 dropped bits plus that half carry (built here from
+    philox_words, whose blocks the Random123 vectors check, not from the kernel)."""
+    if use_c and R._ckernel is None:
+        pytest.skip("the compiled kernel is not built")
+    R.use_c_kernel = use_c
+    rng = np.random.default_rng(5)
+    n = 5001
+    x = rng.uniform(1, 2, n).astype(np.float32)
+    w = philox_words(77, 40, (n + 1) // 2)
+    halves = np.stack([w & 0xFFFF, w >> 16], axis=1).reshape(-1)[:n].astype(np.uint64)
+    low = (x.view(np.uint32) & 0xFFFF).astype(np.uint64)
+    up = (low + halves) >= 1 << 16
+    want = ((x.view(np.uint32) & np.uint32(0xFFFF0000)) + (up.astype(np.uint32) << np.uint32(16))).view(np.float32)
+    p = Philox(77, position=40)
+    got = fpsim.round(x, "bf16", rounding="sr", rng=p)
+    assert np.array_equal(got, want)
+    assert p.position == 40 + 2504  # 2501 words, then the next block
 
 
 @pytest.mark.skipif(R._ckernel is None, reason="the compiled kernel is not built")
@@ -104,10 +132,12 @@ def test_loops_across_the_counter_carry(kernel_switches) -> None:
 def test_calls_take_consecutive_words(kernel_switches) -> None:
     x = np.full(10, 1 + 2**-9, dtype=np.float32)
     p = Philox(5)
-    fpsim.round(x, "bf16", rounding="sr", rng=p)
+    fpsim.round(x, "fp8_e4m3", rounding="sr", rng=p)
     assert p.position == 12  # 10 words, then the next block
     fpsim.round(x.astype(np.float64), "bf16", rounding="sr", rng=p)
     assert p.position == 32  # two words per float64 element
+    fpsim.round(x, "bf16", rounding="sr", rng=p)
+    assert p.position == 40  # half a word per element: 5 words, then the next block
     q = Philox.from_state(json.loads(json.dumps(Philox(5, position=12).state)))
     a = fpsim.round(x, "bf16", rounding="sr", rng=q)
     b = fpsim.round(x, "bf16", rounding="sr", rng=Philox(5, position=12))
