@@ -571,7 +571,7 @@ use_sink = True
 pass (one pass over the input); False: round a block into an array, then count or encode it (the way before
 issue 30, kept for benchmarks). Same reports and codes either way."""
 
-_NO_OUT = {32: np.empty(1, np.uint32), 64: np.empty(1, np.uint64)}  # round_bits' out, unused with a sink
+_NO_OUT: dict[int, np.ndarray] = {32: np.empty(1, np.uint32), 64: np.empty(1, np.uint64)}  # unused with a sink
 
 
 def _carrier_for(dtype: np.dtype, fmt: Format, mode: Rounding, sr_bits: int | None) -> _Carrier:
