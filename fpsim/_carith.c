@@ -558,31 +558,53 @@ typedef struct {
     float scale;
 } encq_t;
 
-#define DEFINE_ENCQ(NAME, TO)                                                                     \
-CLONES __attribute__((noinline)) static uint64_t NAME(const float *restrict in, TO *restrict out,  \
-                                                      Py_ssize_t n, const encq_t *ep)              \
-{                                                                                                 \
-    const encq_t E = *ep;                                                                         \
-    uint32_t bad = 0;                                                                             \
-    for (Py_ssize_t i = 0; i < n; i++) {                                                          \
-        const uint32_t u = bits_of_f(in[i]), ua = u & 0x7fffffffU;                                \
-        const int32_t ia = (int32_t)ua;                                                           \
-        const float a = from_bits_f(ua);                                                          \
-        const uint32_t cn = (ua >> E.sh) - (uint32_t)E.rebias;                                    \
-        const float fr = a * E.scale, big = fr + 8388608.0f; /* 2^23: the integer fr, read off */   \
-        const uint32_t cs = bits_of_f(big) - 0x4b000000U;                                         \
-        const int normal = ia >= E.min_normal_bits;                                               \
-        uint32_t code = normal ? cn : cs;                                                         \
-        uint32_t b = normal ? (ua & E.low) : (uint32_t)((big - 8388608.0f) != fr);                \
-        code |= ((u >> 31) & (uint32_t)(E.signed_zero | (ua != 0))) ? E.sbit : 0;                 \
+/* Each group of 1024 first takes a lean pass that assumes no NaN, infinity or value beyond max (checked by the
+ * group's largest magnitude); a group with one is encoded again by the full loop (issue 30: a third fewer
+ * operations where none is, which is nearly always). */
+#define ENCQ_BODY(TO, FULL)                                                                       \
+    const uint32_t u = bits_of_f(in[i]), ua = u & 0x7fffffffU;                                    \
+    const int32_t ia = (int32_t)ua;                                                               \
+    const float a = from_bits_f(ua);                                                              \
+    const uint32_t cn = (ua >> E.sh) - (uint32_t)E.rebias;                                        \
+    const float fr = a * E.scale, big = fr + 8388608.0f; /* 2^23: the integer fr, read off */       \
+    const uint32_t cs = bits_of_f(big) - 0x4b000000U;                                             \
+    const int normal = ia >= E.min_normal_bits;                                                   \
+    uint32_t code = normal ? cn : cs;                                                             \
+    uint32_t b = normal ? (ua & E.low) : (uint32_t)((big - 8388608.0f) != fr);                    \
+    code |= ((u >> 31) & (uint32_t)(E.signed_zero | (ua != 0))) ? E.sbit : 0;                     \
+    if (FULL) {                                                                                   \
         const int isinf = ia == 0x7f800000, isnan = ia > 0x7f800000;                              \
         b |= (uint32_t)((ia > E.max_bits) & !isinf & !isnan);                                     \
         code = isinf ? (E.infc | ((u >> 31) ? E.sbit : 0)) : code;                                \
         b = isinf ? (uint32_t)!E.has_inf : b;                                                     \
         code = isnan ? E.nan_code : code;                                                         \
         b = isnan ? (uint32_t)!E.has_nan : b;                                                     \
-        bad |= b;                                                                                 \
-        out[i] = (TO)code;                                                                        \
+    }                                                                                             \
+    out[i] = (TO)code;
+
+#define DEFINE_ENCQ(NAME, TO)                                                                     \
+CLONES __attribute__((noinline)) static uint64_t NAME(const float *restrict in, TO *restrict out,  \
+                                                      Py_ssize_t n, const encq_t *ep)              \
+{                                                                                                 \
+    const encq_t E = *ep;                                                                         \
+    uint32_t bad = 0;                                                                             \
+    for (Py_ssize_t o = 0; o < n; o += 1024) {                                                    \
+        const Py_ssize_t end = n - o < 1024 ? n : o + 1024;                                       \
+        int32_t hi = 0;                                                                           \
+        uint32_t gb = 0;                                                                          \
+        for (Py_ssize_t i = o; i < end; i++) {                                                    \
+            ENCQ_BODY(TO, 0)                                                                      \
+            gb |= b;                                                                              \
+            hi = ia > hi ? ia : hi;                                                               \
+        }                                                                                         \
+        if (hi > E.max_bits) { /* NaN, infinity or a value beyond max in this group */            \
+            gb = 0;                                                                               \
+            for (Py_ssize_t i = o; i < end; i++) {                                                \
+                ENCQ_BODY(TO, 1)                                                                  \
+                gb |= b;                                                                          \
+            }                                                                                     \
+        }                                                                                         \
+        bad |= gb;                                                                                \
     }                                                                                             \
     return bad;                                                                                   \
 }
