@@ -35,6 +35,9 @@ static volatile int opaque_one = 1;
 /* Blocks small enough for L1 (SR's random words for one block are drawn into a buffer of this size). */
 #define BLK 2048
 #define MAX_JOBS 64 /* threads of one call */
+#if MAX_JOBS > FPSIM_SINK_JOBS
+#error "a sink keeps FPSIM_SINK_JOBS accumulators: one per job"
+#endif
 
 /* numpy/random/bitgen.h (NumPy's documented C API for bit generators, capsule name "BitGenerator") */
 typedef struct {

@@ -208,7 +208,7 @@ def _to_bits_fused(flat: np.ndarray, f: Format, mode: _rounding.Rounding, ov: Ov
     stored. False (and the generator as it was) where this path does not serve the format, or where some value
     needs the NumPy encoder (NaN without a NaN code, ...): the caller then takes the block-by-block path."""
     assert _carith is not None
-    c = _rounding._sink_carrier(flat.dtype, f, mode, srb)
+    c = _rounding.sink_carrier(flat.dtype, f, mode, srb)
     if c is None:
         return False
     if c.W == 32 and f.width <= 8 and f.fits_float32 and f.mbits <= 7:  # a gather beats arithmetic
@@ -229,7 +229,7 @@ def _to_bits_fused(flat: np.ndarray, f: Format, mode: _rounding.Rounding, ov: Ov
     for i in range(0, flat.size, step):
         blk = np.ascontiguousarray(flat[i : i + step], dtype=c.ftype)
         sink = make(out[i : i + step])
-        _rounding._round_sink(blk, f, mode, ov, subnormals, rng, srb, sink)
+        _rounding.round_sink(blk, f, mode, ov, subnormals, rng, srb, sink)
         if _carith.sink_result(sink):
             if state is not None:
                 assert rng is not None

@@ -545,20 +545,22 @@ def _run_c_kernel(sb: np.ndarray, res: np.ndarray, pl: _Plan, rng: np.random.Gen
             _ckernel.round_bits(sb, res, bg.capsule, params, 0, *extra)
 
 
-def _sink_carrier(dtype: np.dtype, fmt: Format, mode: Rounding, sr_bits: int | None) -> _Carrier | None:
-    """The carrier in which `_round_sink` rounds an array of ``dtype`` into ``fmt``, or None where the
-    compiled kernel does not serve it (no kernel, the NumPy kernel forced, a table format, other dtypes)."""
+def sink_carrier(dtype: np.dtype, fmt: Format, mode: Rounding, sr_bits: int | None) -> _Carrier | None:
+    """The carrier in which `round_sink` rounds an array of ``dtype`` into ``fmt``, or None where the
+    compiled kernel does not serve it (no kernel, the NumPy kernel forced, a table format, other dtypes).
+    Shared with `fpsim.bits` (hence no underscore); not in ``__all__``, not part of the API."""
     if not (use_sink and use_c_kernel) or _ckernel is None or fmt.table is not None \
             or dtype not in (np.float32, np.float64):
         return None
     return _carrier_for(dtype, fmt, mode, sr_bits)
 
 
-def _round_sink(src: np.ndarray, fmt: Format, mode: Rounding, overflow: Overflow, subnormals: bool,
+def round_sink(src: np.ndarray, fmt: Format, mode: Rounding, overflow: Overflow, subnormals: bool,
                 rng: np.random.Generator | None, sr_bits: int | None, sink: Any) -> None:
-    """Round ``src`` (1-D, C-contiguous, of the dtype of `_sink_carrier`'s carrier) with the compiled kernel
+    """Round ``src`` (1-D, C-contiguous, of the dtype of `sink_carrier`'s carrier) with the compiled kernel
     as `round` does (same plan, same random words, threads as ``max_threads``), each rounded block handed to
-    ``sink`` while it is in cache instead of stored: analyze and to_bits in one pass over the input."""
+    ``sink`` while it is in cache instead of stored: analyze and to_bits in one pass over the input. Shared
+    with `fpsim.bits`; not in ``__all__``, not part of the API."""
     c = _carrier_for(src.dtype, fmt, mode, sr_bits)
     assert src.dtype == c.ftype and src.flags.c_contiguous and src.ndim == 1
     pl = _plan_cached(c, fmt, mode, overflow, subnormals, sr_bits)
@@ -1105,7 +1107,7 @@ def analyze(
         from . import _carith  # type: ignore[attr-defined]
     except ImportError:  # pragma: no cover - no compiler at install time
         _carith = None
-    c = _sink_carrier(flat.dtype, f, mode, srb) if use_c_analyze and _carith is not None else None
+    c = sink_carrier(flat.dtype, f, mode, srb) if use_c_analyze and _carith is not None else None
     if c is not None and hasattr(_carith, "analyze_sink"):
         return _analyze_fused(flat, f, mode, ov, bool(subnormals), rng, srb, c)
     # the compiled counts keep no temporaries: larger blocks (the NumPy reference keeps the small ones)
@@ -1160,7 +1162,7 @@ def _analyze_fused(flat: np.ndarray, f: Format, mode: Rounding, ov: Overflow, su
     for i in range(0, flat.size, step):
         blk = np.ascontiguousarray(flat[i : i + step], dtype=c.ftype)
         sink = _carith.analyze_sink(int(c.W == 32), float(f.min_normal), float(f.max))
-        _round_sink(blk, f, mode, ov, subnormals, rng, srb, sink)
+        round_sink(blk, f, mode, ov, subnormals, rng, srb, sink)
         e1, u1, s1, n1, b1, ea, er = _carith.sink_result(sink)
         ex, uf, sub, nan, beyond = ex + e1, uf + u1, sub + s1, nan + n1, beyond + b1
         max_abs, max_rel = max(max_abs, ea), max(max_rel, er)

@@ -232,13 +232,13 @@ def test_one_pass_against_ml_dtypes(fmt: str, ml: str, monkeypatch: pytest.Monke
 def test_the_one_pass_path_is_taken(fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # the comparisons above would pass vacuously if analyze and to_bits never reached the sinks
     calls: list[int] = []
-    real = rounding._round_sink
+    real = rounding.round_sink
 
     def spy(src: np.ndarray, *a: Any) -> None:
         calls.append(src.size)
         real(src, *a)
 
-    monkeypatch.setattr(rounding, "_round_sink", spy)
+    monkeypatch.setattr(rounding, "round_sink", spy)
     x = np.random.default_rng(308).standard_normal(2**20 + 3).astype(np.float32)
     fpsim.analyze(x, fmt)
     fpsim.to_bits(x, fmt, "sr", rng=np.random.default_rng(1))
