@@ -5,14 +5,16 @@ Every figure is a ratio of two timings taken in this one run (best of --repeat);
 
 Goals of issue 3: correctly rounded fp16/bf16 add and mul within 3x of NumPy's float16 add. Goals of issue 17
 (section 2): fma fp32 within 5x of a float64 multiply-add, fpsim.sum(order="pairwise") within 10x of np.sum,
-to_bits and analyze within 3x of np.copyto of the same float32 array. The compiled paths (fpsim/_carith.c)
-are timed beside their NumPy references (the module flags that force them), so the speed-up shows in one run.
+to_bits and analyze within 3x of np.copyto of the same float32 array (issue 30: on 1 and on 2 threads, bf16, fp16,
+fp8 e4m3/e5m2). The compiled paths (fpsim/_carith.c) are timed beside their NumPy references (the module flags
+that force them), so the speed-up shows in one run.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -48,12 +50,26 @@ def _pair(fn: Callable[[], Any], module: Any, flag: str, rep: int) -> tuple[floa
 
 
 
+def _interleaved(fns: list[Callable[[], Any]], rounds: int) -> list[float]:
+    """Best time of each of fns, called in turn for ``rounds`` rounds (after one warm-up call each)."""
+    for fn in fns:
+        fn()
+    ts: list[list[float]] = [[] for _ in fns]
+    for _ in range(rounds):
+        for k, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            ts[k].append(time.perf_counter() - t0)
+    return [min(t) for t in ts]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=9)
     ap.add_argument("--seq", type=int, default=10_000, help="length of the sequential-sum timing")
     ap.add_argument("--nbits", type=int, default=10_000_000, help="float32 values for the to_bits/analyze timing")
+    ap.add_argument("--rounds", type=int, default=9, help="rounds of the interleaved to_bits/analyze timing")
     a = ap.parse_args()
     n, rep = a.n, a.repeat
     print(f"load average at start: {', '.join(f'{v:.2f}' for v in os.getloadavg())}; "
@@ -141,23 +157,37 @@ def main() -> None:
     t_copy = best(lambda: np.copyto(dst, x), rep)
     t_fresh = best(lambda: x.copy(), rep)
     t_round = best(lambda: fpsim.round(x, "bf16"), rep)
-    print(f"\nto_bits and analyze of {nb:,} float32 N(0,1) values, ratio to np.copyto of the same array "
-          f"({t_copy * 1e3:.2f} ms; goal <= 3x); a copy into a fresh array is {t_fresh / t_copy:.2f}x, "
-          f"fpsim.round bf16 {t_round / t_copy:.2f}x:")
-    print(f"  {'operation':34s} {'compiled':>9s} {'ratio':>7s} {'NumPy ref':>10s} {'ratio':>7s}")
+    rounds = max(5, a.rounds)
+    print(f"\nto_bits and analyze (RNE) of {nb:,} float32 N(0,1) values, ratio to np.copyto of the same array into "
+          f"an existing one ({t_copy * 1e3:.2f} ms; goal <= 3x on 1 and on 2 threads); a copy into a fresh array "
+          f"is {t_fresh / t_copy:.2f}x, fpsim.round bf16 {t_round / t_copy:.2f}x. Columns: the one-pass path "
+          "(issue 30: the kernel hands each rounded block to the counts or the encoder while it is in cache), "
+          "and the block-by-block compiled path it replaced (fpsim.rounding.use_sink = False; the NumPy references, "
+          "use_c_analyze / use_c_bits = False, are 50-500x and not timed here); each row times np.copyto and its "
+          f"candidates in turn, best of "
+          f"{rounds} rounds, so load elsewhere hits them alike:")
+    head = f"{'one pass':>9s} {'blocks':>8s}"
+    print(f"  {'':18s} | {'1 thread':^18s} | {'2 threads':^18s}\n  {'operation':18s} | {head} | {head}")
     threads0 = rounding.max_threads
-    for fmt in ("bf16", "fp8_e4m3"):
-        for label, fn, mod, flag in (
-                (f"to_bits {fmt}", lambda: fpsim.to_bits(x, fmt), bits, "use_c_bits"),
-                (f"analyze {fmt}", lambda: fpsim.analyze(x, fmt), rounding, "use_c_analyze")):
-            tc, tr = _pair(fn, mod, flag, max(3, rep // 3))
-            rounding.max_threads = 1  # the compiled encoder and counts split blocks over threads by default
-            try:
-                t1 = best(fn, max(3, rep // 3))
-            finally:
-                rounding.max_threads = threads0
-            print(f"  {label:34s} {tc * 1e3:7.2f}ms {tc / t_copy:6.2f}x {tr * 1e3:8.2f}ms {tr / t_copy:6.2f}x"
-                  f"   (max_threads=1: {t1 / t_copy:.2f}x)")
+    try:
+        for what, fn_of in (("to_bits", fpsim.to_bits), ("analyze", fpsim.analyze)):
+            for fmt in ("bf16", "fp16", "fp8_e4m3", "fp8_e5m2"):
+                cells = []
+                for threads in (1, 2):
+                    rounding.max_threads = threads
+
+                    def call(fn_of: Any = fn_of, fmt: str = fmt) -> None:
+                        fn_of(x, fmt)
+
+                    def blocks() -> None:
+                        with _reference(rounding, "use_sink"):
+                            call()
+
+                    tc, t1, tb = _interleaved([lambda: np.copyto(dst, x), call, blocks], rounds)
+                    cells.append(f"{t1 / tc:8.2f}x {tb / tc:7.2f}x")
+                print(f"  {what + ' ' + fmt:18s} | {cells[0]} | {cells[1]}", flush=True)
+    finally:
+        rounding.max_threads = threads0
     print(f"load average at end: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
 
 

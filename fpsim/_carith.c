@@ -34,6 +34,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_csink.h"
+
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
 #define FMA_CLONES __attribute__((target_clones("fma", "default")))
 #define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
@@ -556,31 +558,53 @@ typedef struct {
     float scale;
 } encq_t;
 
-#define DEFINE_ENCQ(NAME, TO)                                                                     \
-CLONES __attribute__((noinline)) static uint64_t NAME(const float *restrict in, TO *restrict out,  \
-                                                      Py_ssize_t n, const encq_t *ep)              \
-{                                                                                                 \
-    const encq_t E = *ep;                                                                         \
-    uint32_t bad = 0;                                                                             \
-    for (Py_ssize_t i = 0; i < n; i++) {                                                          \
-        const uint32_t u = bits_of_f(in[i]), ua = u & 0x7fffffffU;                                \
-        const int32_t ia = (int32_t)ua;                                                           \
-        const float a = from_bits_f(ua);                                                          \
-        const uint32_t cn = (ua >> E.sh) - (uint32_t)E.rebias;                                    \
-        const float fr = a * E.scale, big = fr + 8388608.0f; /* 2^23: the integer fr, read off */   \
-        const uint32_t cs = bits_of_f(big) - 0x4b000000U;                                         \
-        const int normal = ia >= E.min_normal_bits;                                               \
-        uint32_t code = normal ? cn : cs;                                                         \
-        uint32_t b = normal ? (ua & E.low) : (uint32_t)((big - 8388608.0f) != fr);                \
-        code |= ((u >> 31) & (uint32_t)(E.signed_zero | (ua != 0))) ? E.sbit : 0;                 \
+/* Each group of 1024 first takes a lean pass that assumes no NaN, infinity or value beyond max (checked by the
+ * group's largest magnitude); a group with one is encoded again by the full loop (issue 30: a third fewer
+ * operations where none is, which is nearly always). */
+#define ENCQ_BODY(TO, FULL)                                                                       \
+    const uint32_t u = bits_of_f(in[i]), ua = u & 0x7fffffffU;                                    \
+    const int32_t ia = (int32_t)ua;                                                               \
+    const float a = from_bits_f(ua);                                                              \
+    const uint32_t cn = (ua >> E.sh) - (uint32_t)E.rebias;                                        \
+    const float fr = a * E.scale, big = fr + 8388608.0f; /* 2^23: the integer fr, read off */       \
+    const uint32_t cs = bits_of_f(big) - 0x4b000000U;                                             \
+    const int normal = ia >= E.min_normal_bits;                                                   \
+    uint32_t code = normal ? cn : cs;                                                             \
+    uint32_t b = normal ? (ua & E.low) : (uint32_t)((big - 8388608.0f) != fr);                    \
+    code |= ((u >> 31) & (uint32_t)(E.signed_zero | (ua != 0))) ? E.sbit : 0;                     \
+    if (FULL) {                                                                                   \
         const int isinf = ia == 0x7f800000, isnan = ia > 0x7f800000;                              \
         b |= (uint32_t)((ia > E.max_bits) & !isinf & !isnan);                                     \
         code = isinf ? (E.infc | ((u >> 31) ? E.sbit : 0)) : code;                                \
         b = isinf ? (uint32_t)!E.has_inf : b;                                                     \
         code = isnan ? E.nan_code : code;                                                         \
         b = isnan ? (uint32_t)!E.has_nan : b;                                                     \
-        bad |= b;                                                                                 \
-        out[i] = (TO)code;                                                                        \
+    }                                                                                             \
+    out[i] = (TO)code;
+
+#define DEFINE_ENCQ(NAME, TO)                                                                     \
+CLONES __attribute__((noinline)) static uint64_t NAME(const float *restrict in, TO *restrict out,  \
+                                                      Py_ssize_t n, const encq_t *ep)              \
+{                                                                                                 \
+    const encq_t E = *ep;                                                                         \
+    uint32_t bad = 0;                                                                             \
+    for (Py_ssize_t o = 0; o < n; o += 1024) {                                                    \
+        const Py_ssize_t end = n - o < 1024 ? n : o + 1024;                                       \
+        int32_t hi = 0;                                                                           \
+        uint32_t gb = 0;                                                                          \
+        for (Py_ssize_t i = o; i < end; i++) {                                                    \
+            ENCQ_BODY(TO, 0)                                                                      \
+            gb |= b;                                                                              \
+            hi = ia > hi ? ia : hi;                                                               \
+        }                                                                                         \
+        if (hi > E.max_bits) { /* NaN, infinity or a value beyond max in this group */            \
+            gb = 0;                                                                               \
+            for (Py_ssize_t i = o; i < end; i++) {                                                \
+                ENCQ_BODY(TO, 1)                                                                  \
+                gb |= b;                                                                          \
+            }                                                                                     \
+        }                                                                                         \
+        bad |= gb;                                                                                \
     }                                                                                             \
     return bad;                                                                                   \
 }
@@ -726,13 +750,63 @@ static PyObject *encode_table(PyObject *self, PyObject *args)
     return PyLong_FromLong(bad != 0);
 }
 
+/* An encoding's numbers, worked out once (by `encode` for one call, by `encode_sink` for a sink): the job
+ * template j points at e, g and q here, so the struct must stay where it is once set up. */
+typedef struct {
+    enc_t e;
+    encf_t g;
+    encq_t q;
+    enc_job_t j;
+} enc_plan_t;
+
+static void enc_plan(enc_plan_t *P, int in32, int mbits, int bias, int emin, int has_inf, int has_nan,
+                     unsigned long long nan_code, int is_signed, int signed_zero, int width, double min_normal,
+                     double max)
+{
+    const int osz = width <= 8 ? 1 : width <= 16 ? 2 : width <= 32 ? 4 : 8;
+    enc_t *e = &P->e;
+    memset(P, 0, sizeof *P);
+    e->mbits = mbits; e->bias = bias; e->has_inf = has_inf; e->has_nan = has_nan; e->is_signed = is_signed;
+    e->signed_zero = signed_zero; e->nan_code = (uint64_t)nan_code;
+    e->sbit = is_signed ? 1ULL << (width - 1) : 0;
+    e->infc = ((1ULL << (width - mbits - (is_signed ? 1 : 0))) - 1) << mbits;
+    e->lowmask = (1ULL << (52 - mbits)) - 1;
+    e->min_normal_bits = (int64_t)bits_of(min_normal);
+    e->max_bits = (int64_t)bits_of(max);
+    e->scale = ldexp(1.0, mbits - emin); /* subnormal value -> integer fraction (exact) */
+    const int f32ok = in32 && emin >= -126 && mbits <= 23;
+    encf_t *g = &P->g;
+    g->mbits = mbits; g->rebias = bias - 127; g->subsh0 = 150 + emin - mbits; g->has_inf = has_inf; g->has_nan = has_nan;
+    g->is_signed = is_signed; g->signed_zero = signed_zero; g->nan_code = (uint32_t)nan_code;
+    g->sbit = (uint32_t)e->sbit; g->infc = (uint32_t)e->infc; g->lowmask = (1U << (23 - mbits)) - 1;
+    g->min_normal_bits = f32ok ? (int32_t)bits_of_f((float)min_normal) : 0;
+    g->max_bits = f32ok ? (int32_t)bits_of_f((float)max) : 0;
+    const int shifted = in32 && osz >= 2 && width - mbits - is_signed == 8 && bias == 127 && emin == -126
+                        && has_inf && has_nan && is_signed && signed_zero;
+    enc_job_t *j = &P->j;
+    j->osz = osz; j->sh = 23 - mbits; j->nan_code = (uint32_t)nan_code;
+    /* quick: signed formats of at most 16 bits inside float32's range (normal values: a shifted, rebiased
+     * pattern; subnormal quanta at least float32's smallest normal times 2^-23 so |v| / quantum is exact) */
+    const int quick = f32ok && is_signed && osz <= 2 && emin - mbits >= -149 && mbits <= 23 && mbits - emin <= 127;
+    encq_t *q = &P->q;
+    q->sh = 23 - mbits; q->rebias = (127 - bias) << mbits; q->min_normal_bits = g->min_normal_bits;
+    q->max_bits = g->max_bits; q->has_inf = has_inf; q->has_nan = has_nan; q->signed_zero = signed_zero;
+    q->nan_code = (uint32_t)nan_code; q->sbit = g->sbit; q->infc = g->infc; q->low = (1U << (23 - mbits)) - 1;
+    q->scale = quick ? (float)ldexp(1.0, mbits - emin) : 1.0f;
+    j->g = g; j->e = e; j->q = q;
+    j->kind = shifted ? 1 : quick ? 5 : f32ok ? 2 : in32 ? 3 : 4;
+    j->isz = in32 ? 4 : 8;
+}
+
+#define ENC_ARGS "iiiiiKiiidd" /* mbits, bias, emin, has_inf, has_nan, nan_code, is_signed, signed_zero, width, min_normal, max */
+
 static PyObject *encode(PyObject *self, PyObject *args)
 {
     Py_buffer v, out;
     int in32, mbits, bias, emin, has_inf, has_nan, is_signed, signed_zero, width, threads = 1;
     unsigned long long nan_code;
     double min_normal, max;
-    if (!PyArg_ParseTuple(args, "y*w*iiiiiiKiiidd|i", &v, &out, &in32, &mbits, &bias, &emin, &has_inf, &has_nan,
+    if (!PyArg_ParseTuple(args, "y*w*i" ENC_ARGS "|i", &v, &out, &in32, &mbits, &bias, &emin, &has_inf, &has_nan,
                           &nan_code, &is_signed, &signed_zero, &width, &min_normal, &max, &threads))
         return NULL;
     const Py_ssize_t n = v.len / (in32 ? 4 : 8);
@@ -743,43 +817,14 @@ static PyObject *encode(PyObject *self, PyObject *args)
                                           "(formats up to 32 bits, mbits <= 52)");
         return NULL;
     }
-    enc_t e;
-    e.mbits = mbits; e.bias = bias; e.has_inf = has_inf; e.has_nan = has_nan; e.is_signed = is_signed;
-    e.signed_zero = signed_zero; e.nan_code = (uint64_t)nan_code;
-    e.sbit = is_signed ? 1ULL << (width - 1) : 0;
-    e.infc = ((1ULL << (width - mbits - (is_signed ? 1 : 0))) - 1) << mbits;
-    e.lowmask = (1ULL << (52 - mbits)) - 1;
-    e.min_normal_bits = (int64_t)bits_of(min_normal);
-    e.max_bits = (int64_t)bits_of(max);
-    e.scale = ldexp(1.0, mbits - emin); /* subnormal value -> integer fraction (exact) */
+    enc_plan_t P;
+    enc_plan(&P, in32, mbits, bias, emin, has_inf, has_nan, nan_code, is_signed, signed_zero, width, min_normal, max);
+    P.j.in = v.buf; P.j.out = out.buf; P.j.n = n;
     uint64_t bad = 0;
     Py_BEGIN_ALLOW_THREADS
     const int saved = fegetround();
     fesetround(FE_TONEAREST);
-    const int f32ok = in32 && emin >= -126 && mbits <= 23;
-    encf_t g;
-    g.mbits = mbits; g.rebias = bias - 127; g.subsh0 = 150 + emin - mbits; g.has_inf = has_inf; g.has_nan = has_nan;
-    g.is_signed = is_signed; g.signed_zero = signed_zero; g.nan_code = (uint32_t)nan_code;
-    g.sbit = (uint32_t)e.sbit; g.infc = (uint32_t)e.infc; g.lowmask = (1U << (23 - mbits)) - 1;
-    g.min_normal_bits = f32ok ? (int32_t)bits_of_f((float)min_normal) : 0;
-    g.max_bits = f32ok ? (int32_t)bits_of_f((float)max) : 0;
-    const int shifted = in32 && osz >= 2 && width - mbits - is_signed == 8 && bias == 127 && emin == -126
-                        && has_inf && has_nan && is_signed && signed_zero;
-    enc_job_t j;
-    memset(&j, 0, sizeof j);
-    j.in = v.buf; j.out = out.buf; j.n = n; j.osz = osz; j.sh = 23 - mbits; j.nan_code = (uint32_t)nan_code;
-    /* quick: signed formats of at most 16 bits inside float32's range (normal values: a shifted, rebiased
-     * pattern; subnormal quanta at least float32's smallest normal times 2^-23 so |v| / quantum is exact) */
-    const int quick = f32ok && is_signed && osz <= 2 && emin - mbits >= -149 && mbits <= 23 && mbits - emin <= 127;
-    encq_t q;
-    memset(&q, 0, sizeof q);
-    q.sh = 23 - mbits; q.rebias = (127 - bias) << mbits; q.min_normal_bits = g.min_normal_bits;
-    q.max_bits = g.max_bits; q.has_inf = has_inf; q.has_nan = has_nan; q.signed_zero = signed_zero;
-    q.nan_code = (uint32_t)nan_code; q.sbit = g.sbit; q.infc = g.infc; q.low = (1U << (23 - mbits)) - 1;
-    q.scale = quick ? (float)ldexp(1.0, mbits - emin) : 1.0f;
-    j.g = &g; j.e = &e; j.q = &q;
-    j.kind = shifted ? 1 : quick ? 5 : f32ok ? 2 : in32 ? 3 : 4;
-    bad = run_enc(j, in32 ? 4 : 8, threads);
+    bad = run_enc(P.j, in32 ? 4 : 8, threads);
     fesetround(saved);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&v); PyBuffer_Release(&out);
@@ -807,10 +852,10 @@ typedef struct {
     const double a = from_bits((uint64_t)ib);
 #define DEFINE_ERRMAX(NAME, TI)                                                                   \
 CLONES __attribute__((noinline)) static void NAME(const TI *restrict bv, const TI *restrict r,      \
-                                                  Py_ssize_t n, counts_t *c)                      \
+                                                  Py_ssize_t n, double mr0, counts_t *c)          \
 {                                                                                                 \
     int64_t ma = 0;                                                                               \
-    double mr = 0.0;                                                                              \
+    double mr = mr0; /* a maximum known already (from earlier blocks): fewer candidates */        \
     const double shrink = 1.0 - 0x1p-50;                                                          \
     for (Py_ssize_t o = 0; o < n; o += 1024) {                                                    \
         const Py_ssize_t end = n - o < 1024 ? n : o + 1024;                                       \
@@ -840,7 +885,7 @@ DEFINE_ERRMAX(errmax_f, float) DEFINE_ERRMAX(errmax_d, double)
 #define DEFINE_COUNT(NAME, TI)                                                                    \
 CLONES __attribute__((noinline)) static void NAME(const TI *restrict bv, const TI *restrict r,      \
                                                   Py_ssize_t n, double min_normal, double max,    \
-                                                  counts_t *c)                                    \
+                                                  double mr0, counts_t *c)                        \
 {                                                                                                 \
     const int64_t INF = 0x7ff0000000000000LL, mnb = (int64_t)bits_of(min_normal);                 \
     const int64_t mxb = (int64_t)bits_of(max);                                                    \
@@ -858,7 +903,7 @@ CLONES __attribute__((noinline)) static void NAME(const TI *restrict bv, const T
         (void)fin_out;                                                                            \
     }                                                                                             \
     c->exact = ex; c->underflow = uf; c->subnormal = sub; c->nan = nan; c->beyond = bey;          \
-    errmax_d(bv, r, n, c);                                                                        \
+    errmax_d(bv, r, n, mr0, c);                                                                   \
 }
 DEFINE_COUNT(count_d, double)
 
@@ -866,41 +911,79 @@ DEFINE_COUNT(count_d, double)
  * min_normal and max of a format that fits float32 are float32 values), and |r - b| in float32, which equals
  * the float64 difference of the reference wherever Sterbenz's lemma applies (r = 0, or r and b of one sign
  * within a factor of two): a group with any other finite pair goes through the float64 path (errmax). The
- * candidates for a larger relative error are found with a float32 threshold below the running maximum. */
+ * candidates for a larger relative error are found with a float32 threshold below the running maximum.
+ *
+ * Each group first takes a lean pass that assumes no input and no result beyond max (so no NaN, infinity or
+ * overflow: every pair finite), which its own maximum of both magnitudes then checks; a group where that
+ * fails (rare: NaN, infinity or values beyond max) is counted again by the full loop below. Issue 30: the lean
+ * pass has about half the operations of the full one, and analyze runs at the speed of this loop. */
 CLONES __attribute__((noinline)) static void count_f(const float *restrict bv, const float *restrict r,
-                                                     Py_ssize_t n, double min_normal, double max, counts_t *c)
+                                                     Py_ssize_t n, double min_normal, double max, double mr0,
+                                                     counts_t *c)
 {
     const int32_t INF = 0x7f800000, mnb = (int32_t)bits_of_f((float)min_normal);
     const int32_t mxb = max >= 3.4028234663852886e38 ? 0x7f7fffff : (int32_t)bits_of_f((float)max);
     Py_ssize_t ex = 0, uf = 0, sub = 0, nan = 0, bey = 0;
     int32_t maf = 0;
-    double mad = 0.0, mr = 0.0;
+    double mad = 0.0, mr = mr0; /* mr0: a maximum known already (earlier blocks), so fewer candidates */
     for (Py_ssize_t o = 0; o < n; o += 1024) {
         const Py_ssize_t end = n - o < 1024 ? n : o + 1024;
         const float tf = mr < 1e38 ? (float)mr * (1.0f - 0x1p-20f) : INFINITY;
         int32_t e1 = 0, u1 = 0, s1 = 0, n1 = 0, b1 = 0, cand = 0, unsafe = 0, gm = 0;
-        for (Py_ssize_t i = o; i < end; i++) {
-            const float b = bv[i], x = r[i];
-            const uint32_t ub = bits_of_f(b), ux = bits_of_f(x);
-            const int32_t ab = (int32_t)(ub & 0x7fffffffU), ax = (int32_t)(ux & 0x7fffffffU);
-            const int32_t fin_in = ab < INF, rn = ax > INF, bn = ab > INF, ok = fin_in & (ax < INF);
-            e1 += (int32_t)(x == b) | (rn & bn);
-            u1 += fin_in & (ab != 0) & (ax == 0);
-            s1 += (ax != 0) & (ax < mnb);
-            n1 += rn;
-            b1 += fin_in & (ab > mxb);
-            const int32_t safe = (ax == 0) | (((ub ^ ux) >> 31 == 0) & (ax <= ab + 0x800000) & (ab <= ax + 0x800000));
-            unsafe += ok & !safe;
-            const float e = ok ? fabsf(x - b) : 0.0f;
-            const int32_t eb = (int32_t)bits_of_f(e);
-            gm = eb > gm ? eb : gm;
-            /* an underflow (x = 0, b != 0) has relative error exactly 1: counted in u1, not a candidate */
-            cand += ok & (ab != 0) & (ax != 0) & (e >= tf * from_bits_f((uint32_t)ab));
+        { /* the lean pass */
+            int32_t lo1 = 0, z1 = 0, hi = 0, dmin = 0, dmax = 0;
+            uint32_t sx = 0;
+            for (Py_ssize_t i = o; i < end; i++) {
+                const float b = bv[i], x = r[i];
+                const uint32_t ub = bits_of_f(b), ux = bits_of_f(x);
+                const int32_t ab = (int32_t)(ub & 0x7fffffffU), ax = (int32_t)(ux & 0x7fffffffU);
+                const int32_t zx = ax == 0;
+                e1 += x == b;
+                lo1 += ax < mnb;
+                z1 += zx;
+                u1 += zx & (ab != 0);
+                const float e = fabsf(x - b);
+                const int32_t eb = (int32_t)bits_of_f(e);
+                gm = eb > gm ? eb : gm;
+                /* an underflow (x = 0, b != 0) has relative error exactly 1: counted in u1, not a candidate */
+                cand += !zx & (e >= tf * from_bits_f((uint32_t)ab));
+                /* Sterbenz (as `safe` below): one sign, magnitudes' bits within 2^23; x = 0 always safe */
+                sx |= zx ? 0U : ub ^ ux;
+                const int32_t d = zx ? 0 : ax - ab;
+                dmin = d < dmin ? d : dmin;
+                dmax = d > dmax ? d : dmax;
+                const int32_t m = ab > ax ? ab : ax;
+                hi = m > hi ? m : hi;
+            }
+            s1 = lo1 - z1;
+            unsafe = (sx >> 31) | (dmin < -0x800000) | (dmax > 0x800000);
+            if (hi > mxb) /* some input or result beyond max (or not finite): the full loop */
+                e1 = u1 = s1 = cand = unsafe = gm = -1;
+        }
+        if (e1 < 0) {
+            e1 = u1 = s1 = cand = unsafe = gm = 0;
+            for (Py_ssize_t i = o; i < end; i++) {
+                const float b = bv[i], x = r[i];
+                const uint32_t ub = bits_of_f(b), ux = bits_of_f(x);
+                const int32_t ab = (int32_t)(ub & 0x7fffffffU), ax = (int32_t)(ux & 0x7fffffffU);
+                const int32_t fin_in = ab < INF, rn = ax > INF, bn = ab > INF, ok = fin_in & (ax < INF);
+                e1 += (int32_t)(x == b) | (rn & bn);
+                u1 += fin_in & (ab != 0) & (ax == 0);
+                s1 += (ax != 0) & (ax < mnb);
+                n1 += rn;
+                b1 += fin_in & (ab > mxb);
+                const int32_t safe = (ax == 0) | (((ub ^ ux) >> 31 == 0) & (ax <= ab + 0x800000) & (ab <= ax + 0x800000));
+                unsafe += ok & !safe;
+                const float e = ok ? fabsf(x - b) : 0.0f;
+                const int32_t eb = (int32_t)bits_of_f(e);
+                gm = eb > gm ? eb : gm;
+                cand += ok & (ab != 0) & (ax != 0) & (e >= tf * from_bits_f((uint32_t)ab));
+            }
         }
         ex += e1; uf += u1; sub += s1; nan += n1; bey += b1;
         if (unsafe || mr >= 1e38) { /* the float64 path for this group */
             counts_t g;
-            errmax_f(bv + o, r + o, end - o, &g);
+            errmax_f(bv + o, r + o, end - o, mr, &g);
             mad = g.max_abs > mad ? g.max_abs : mad;
             mr = g.max_rel > mr ? g.max_rel : mr;
             continue;
@@ -948,9 +1031,9 @@ static void *count_job(void *arg)
         const char *b = (const char *)j->b + lo * isz, *r = (const char *)j->r + lo * isz;
         counts_t c;
         if (j->in32)
-            count_f((const float *)b, (const float *)r, m, j->min_normal, j->max, &c);
+            count_f((const float *)b, (const float *)r, m, j->min_normal, j->max, 0.0, &c);
         else
-            count_d((const double *)b, (const double *)r, m, j->min_normal, j->max, &c);
+            count_d((const double *)b, (const double *)r, m, j->min_normal, j->max, 0.0, &c);
         acc.exact += c.exact; acc.underflow += c.underflow; acc.subnormal += c.subnormal; acc.nan += c.nan;
         acc.beyond += c.beyond;
         acc.max_abs = c.max_abs > acc.max_abs ? c.max_abs : acc.max_abs;
@@ -1003,12 +1086,197 @@ static PyObject *analyze_block(PyObject *self, PyObject *args)
     return Py_BuildValue("nnnnndd", c.exact, c.underflow, c.subnormal, c.nan, c.beyond, c.max_abs, c.max_rel);
 }
 
+/* ---------------------------------------------------------------------------------------------- sinks */
+
+/* Sinks for fpsim/_ckernel.c's round_bits (the interface is in _csink.h): analyze counts each rounded block
+ * (count_f / count_d, the code of analyze_block) and encode writes its codes (enc_range, the code of encode and
+ * encode_table) while the block is in L1, so one pass over the input does the whole of fpsim.analyze and
+ * fpsim.to_bits. What a sink adds up is kept per job and combined by sink_result with sums and maxima (the OR
+ * of flags): the same for any split among threads. */
+enum { SINK_ANALYZE = 1, SINK_ENCODE = 2 };
+
+typedef struct {
+    counts_t c;
+    uint64_t bad;
+    char pad[64]; /* jobs on different threads write different cache lines */
+} sink_acc_t;
+
+typedef struct {
+    fpsim_sink_t base;
+    int kind;
+    double min_normal, max;        /* analyze */
+    enc_plan_t P;                  /* encode: the job template (kind 0 for the table) */
+    Py_buffer out, table;
+    int have_out, have_table;
+    Py_ssize_t cap;                /* codes that out holds */
+    sink_acc_t acc[FPSIM_SINK_JOBS];
+} sink_t;
+
+static void sink_analyze_fn(fpsim_sink_t *b, int job, const void *in, const void *r, Py_ssize_t lo, Py_ssize_t n)
+{
+    sink_t *s = (sink_t *)b;
+    counts_t *A = &s->acc[job].c, c;
+    (void)lo;
+    if (b->W == 32)
+        count_f((const float *)in, (const float *)r, n, s->min_normal, s->max, A->max_rel, &c);
+    else
+        count_d((const double *)in, (const double *)r, n, s->min_normal, s->max, A->max_rel, &c);
+    A->exact += c.exact; A->underflow += c.underflow; A->subnormal += c.subnormal; A->nan += c.nan;
+    A->beyond += c.beyond;
+    A->max_abs = c.max_abs > A->max_abs ? c.max_abs : A->max_abs;
+    A->max_rel = c.max_rel > A->max_rel ? c.max_rel : A->max_rel;
+}
+
+static void sink_encode_fn(fpsim_sink_t *b, int job, const void *in, const void *r, Py_ssize_t lo, Py_ssize_t n)
+{
+    sink_t *s = (sink_t *)b;
+    (void)in;
+    if (lo < 0 || n > s->cap - lo) { /* a block beyond out: nothing written, sink_result raises */
+        s->acc[job].bad |= 2;
+        return;
+    }
+    enc_job_t j = s->P.j;
+    enc_range(&j, r, (char *)s->out.buf + lo * j.osz, n);
+    s->acc[job].bad |= j.bad != 0;
+}
+
+static void sink_free(PyObject *cap)
+{
+    sink_t *s = PyCapsule_GetPointer(cap, FPSIM_SINK_CAPSULE);
+    if (!s)
+        return;
+    if (s->have_out) PyBuffer_Release(&s->out);
+    if (s->have_table) PyBuffer_Release(&s->table);
+    PyMem_Free(s);
+}
+
+static PyObject *sink_new(sink_t *s)
+{
+    PyObject *cap = PyCapsule_New(s, FPSIM_SINK_CAPSULE, sink_free);
+    if (!cap) {
+        if (s->have_out) PyBuffer_Release(&s->out);
+        if (s->have_table) PyBuffer_Release(&s->table);
+        PyMem_Free(s);
+    }
+    return cap;
+}
+
+static sink_t *sink_alloc(int kind, int W)
+{
+    sink_t *s = PyMem_Calloc(1, sizeof(sink_t));
+    if (!s) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    s->kind = kind;
+    s->base.W = W;
+    s->base.fn = kind == SINK_ANALYZE ? sink_analyze_fn : sink_encode_fn;
+    return s;
+}
+
+/* analyze_sink(in32, min_normal, max): a sink that counts as analyze_block does (in32: float32 carrier). */
+static PyObject *analyze_sink(PyObject *self, PyObject *args)
+{
+    int in32;
+    double min_normal, max;
+    if (!PyArg_ParseTuple(args, "idd", &in32, &min_normal, &max))
+        return NULL;
+    sink_t *s = sink_alloc(SINK_ANALYZE, in32 ? 32 : 64);
+    if (!s)
+        return NULL;
+    s->min_normal = min_normal; s->max = max;
+    return sink_new(s);
+}
+
+/* encode_sink(out, in32, <encode's format numbers>): a sink that writes the codes of the rounded values into
+ * out, as encode does. */
+static PyObject *encode_sink(PyObject *self, PyObject *args)
+{
+    int in32, mbits, bias, emin, has_inf, has_nan, is_signed, signed_zero, width;
+    unsigned long long nan_code;
+    double min_normal, max;
+    sink_t *s = sink_alloc(SINK_ENCODE, 32);
+    if (!s)
+        return NULL;
+    if (!PyArg_ParseTuple(args, "w*i" ENC_ARGS, &s->out, &in32, &mbits, &bias, &emin, &has_inf, &has_nan,
+                          &nan_code, &is_signed, &signed_zero, &width, &min_normal, &max)) {
+        PyMem_Free(s);
+        return NULL;
+    }
+    s->have_out = 1;
+    const int osz = width <= 8 ? 1 : width <= 16 ? 2 : 4;
+    if (s->out.len % osz || mbits < 0 || mbits > 52 || width > 32 || width < 1) {
+        PyBuffer_Release(&s->out); PyMem_Free(s);
+        PyErr_SetString(PyExc_ValueError, "encode_sink: out must hold whole codes of the format's width "
+                                          "(formats up to 32 bits, mbits <= 52)");
+        return NULL;
+    }
+    s->base.W = in32 ? 32 : 64;
+    enc_plan(&s->P, in32, mbits, bias, emin, has_inf, has_nan, nan_code, is_signed, signed_zero, width, min_normal, max);
+    s->cap = s->out.len / osz;
+    return sink_new(s);
+}
+
+/* encode_table_sink(out, table, sh): a sink that writes 8-bit codes by the table, as encode_table does. */
+static PyObject *encode_table_sink(PyObject *self, PyObject *args)
+{
+    int sh;
+    sink_t *s = sink_alloc(SINK_ENCODE, 32);
+    if (!s)
+        return NULL;
+    if (!PyArg_ParseTuple(args, "w*y*i", &s->out, &s->table, &sh)) {
+        PyMem_Free(s);
+        return NULL;
+    }
+    s->have_out = s->have_table = 1;
+    if (sh < 0 || sh > 23 || s->table.len != (Py_ssize_t)((1ULL << (32 - sh)) * 4)) {
+        PyBuffer_Release(&s->out); PyBuffer_Release(&s->table); PyMem_Free(s);
+        PyErr_SetString(PyExc_ValueError, "encode_table_sink: one uint8 code per value, a uint32 table of "
+                                          "2**(32 - sh) entries");
+        return NULL;
+    }
+    s->P.j.kind = 0; s->P.j.osz = 1; s->P.j.isz = 4; s->P.j.sh = sh; s->P.j.table = s->table.buf;
+    s->cap = s->out.len;
+    return sink_new(s);
+}
+
+/* sink_result(sink): an analyze sink's counts (as analyze_block returns them); an encode sink's flag (1: some
+ * value needs the NumPy path, as encode returns it). */
+static PyObject *sink_result(PyObject *self, PyObject *cap)
+{
+    sink_t *s = PyCapsule_GetPointer(cap, FPSIM_SINK_CAPSULE);
+    if (!s)
+        return NULL;
+    if (s->kind == SINK_ENCODE) {
+        uint64_t bad = 0;
+        for (int t = 0; t < FPSIM_SINK_JOBS; t++) bad |= s->acc[t].bad;
+        if (bad & 2) {
+            PyErr_SetString(PyExc_ValueError, "sink_result: the rounded elements did not fit in out");
+            return NULL;
+        }
+        return PyLong_FromLong(bad != 0);
+    }
+    counts_t c = s->acc[0].c;
+    for (int t = 1; t < FPSIM_SINK_JOBS; t++) {
+        const counts_t *d = &s->acc[t].c;
+        c.exact += d->exact; c.underflow += d->underflow; c.subnormal += d->subnormal; c.nan += d->nan;
+        c.beyond += d->beyond;
+        c.max_abs = d->max_abs > c.max_abs ? d->max_abs : c.max_abs;
+        c.max_rel = d->max_rel > c.max_rel ? d->max_rel : c.max_rel;
+    }
+    return Py_BuildValue("nnnnndd", c.exact, c.underflow, c.subnormal, c.nan, c.beyond, c.max_abs, c.max_rel);
+}
+
 static PyMethodDef methods[] = {
     {"fma_ro", fma_ro, METH_VARARGS, "RO53(a*b + c) into a float64 out, or its float32 rounding in a mode."},
     {"pairwise_rne", pairwise_rne, METH_VARARGS, "Pairwise sum over axis 0, round-to-nearest-even, p <= 25."},
     {"encode", encode, METH_VARARGS, "Bit patterns of values already in a format (1: some value needs the NumPy path)."},
     {"encode_table", encode_table, METH_VARARGS, "8-bit codes of float32 values by a table (1: NumPy path needed)."},
     {"analyze_block", analyze_block, METH_VARARGS, "Counts and error maxima of fpsim.analyze for one block."},
+    {"analyze_sink", analyze_sink, METH_VARARGS, "A sink for _ckernel.round_bits that counts as analyze_block."},
+    {"encode_sink", encode_sink, METH_VARARGS, "A sink for _ckernel.round_bits that encodes as encode."},
+    {"encode_table_sink", encode_table_sink, METH_VARARGS, "A sink for _ckernel.round_bits that encodes as encode_table."},
+    {"sink_result", sink_result, METH_O, "An analyze sink's counts, or an encode sink's flag (1: NumPy path needed)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_carith", NULL, -1, methods};

@@ -18,6 +18,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include "_csink.h"
 #ifndef _WIN32
 #include <pthread.h>
 #define HAVE_THREADS 1
@@ -34,6 +35,9 @@ static volatile int opaque_one = 1;
 /* Blocks small enough for L1 (SR's random words for one block are drawn into a buffer of this size). */
 #define BLK 2048
 #define MAX_JOBS 64 /* threads of one call */
+#if MAX_JOBS > FPSIM_SINK_JOBS
+#error "a sink keeps FPSIM_SINK_JOBS accumulators: one per job"
+#endif
 
 /* numpy/random/bitgen.h (NumPy's documented C API for bit generators, capsule name "BitGenerator") */
 typedef struct {
@@ -666,6 +670,9 @@ typedef struct {
     uint64_t pw;
     int set_env;        /* a worker thread: take the caller's floating-point environment */
     int nt;             /* RNE/RTZ of a specialised format by spec_nt (non-temporal stores) */
+    fpsim_sink_t *sink; /* or NULL: each rounded block goes to this sink instead of out (see _csink.h) */
+    int jid;            /* this job's index, for the sink */
+    Py_ssize_t lo;      /* this job's first element within the call, for the sink */
     fenv_t env;
 } job_t;
 
@@ -762,6 +769,8 @@ static void run_job(job_t *j)
     uint64_t rbuf[BLK];     /* one block's random words */
     uint32_t rbuf32[2 * BLK]; /* float32 carrier: each 64-bit word as two halves, in .view(np.uint32)'s order;
                                  Philox: the stream words */
+    uint64_t obuf[BLK];     /* with a sink: one rounded block, handed on while it is in L1 */
+    fpsim_sink_t *const sink = j->sink;
     int m = p->mode;
     if (p->W == 32) {
         static const fn32_t pass[7] = {kernel32_pass1_RNE, kernel32_pass1_RNA, kernel32_pass1_RTZ,
@@ -774,8 +783,9 @@ static void run_job(job_t *j)
         const uint32_t *in = j->in, *rand = j->rand;
         uint32_t *out = j->out;
         const int drawn = j->bg || PCG_ON(j) || j->phx;
-        const Py_ssize_t blk = drawn ? BLK : j->n; /* blocks only where the random words are drawn here */
-        Py_ssize_t head = HEAD(out, 4, j->n, drawn);
+        /* blocks only where the random words are drawn here or a sink takes them */
+        const Py_ssize_t blk = drawn || sink ? BLK : j->n;
+        Py_ssize_t head = sink ? 0 : HEAD(out, 4, j->n, drawn);
         for (Py_ssize_t o = 0, k; o < j->n; o += k) {
             k = o == 0 && head ? head : j->n - o < blk ? j->n - o : blk;
             const uint32_t *r = rand ? rand + o : NULL;
@@ -814,10 +824,13 @@ static void run_job(job_t *j)
                 continue;
             }
 #endif
+            uint32_t *dst = sink ? (uint32_t *)obuf : out + o;
             if (f)
-                f(in + o, out + o, k, j->a, r);
+                f(in + o, dst, k, j->a, r);
             else
-                slow[m](in + o, out + o, k, p, r);
+                slow[m](in + o, dst, k, p, r);
+            if (sink)
+                sink->fn(sink, j->jid, in + o, dst, j->lo + o, k);
         }
     } else {
         static const fn64_t pass[7] = {kernel64_pass1_RNE, kernel64_pass1_RNA, kernel64_pass1_RTZ,
@@ -830,8 +843,8 @@ static void run_job(job_t *j)
         const uint64_t *in = j->in, *rand = j->rand;
         uint64_t *out = j->out;
         const int drawn = j->bg || PCG_ON(j) || j->phx;
-        const Py_ssize_t blk = drawn ? BLK : j->n;
-        Py_ssize_t head = HEAD(out, 8, j->n, drawn);
+        const Py_ssize_t blk = drawn || sink ? BLK : j->n;
+        Py_ssize_t head = sink ? 0 : HEAD(out, 8, j->n, drawn);
         for (Py_ssize_t o = 0, k; o < j->n; o += k) {
             k = o == 0 && head ? head : j->n - o < blk ? j->n - o : blk;
             const uint64_t *r = rand ? rand + o : NULL;
@@ -845,10 +858,13 @@ static void run_job(job_t *j)
                 draw(j, rbuf, k);
                 r = rbuf;
             }
+            uint64_t *dst = sink ? obuf : out + o;
             if (fast)
-                pass[m](in + o, out + o, k, j->a, r);
+                pass[m](in + o, dst, k, j->a, r);
             else
-                slow[m](in + o, out + o, k, p, r);
+                slow[m](in + o, dst, k, p, r);
+            if (sink)
+                sink->fn(sink, j->jid, in + o, dst, j->lo + o, k);
         }
     }
 }
@@ -1005,21 +1021,24 @@ static int parse_plan(PyObject *params, plan_t *p)
 }
 
 
-/* round_bits(in, out, rand, params[, chunk]):
+/* round_bits(in, out, rand, params[, chunk[, sink]]):
  *   in, out: carrier-word buffers (out may be in itself: each element is read before it is written);
  *   rand: None, a buffer of random carrier words (one per element), a "BitGenerator" capsule (words drawn
  *     in element order, one full 64-bit word per element, or per two elements of a float32 carrier), or a
  *     tuple of capsules, one per thread, the k-th positioned at element k*chunk's word;
  *   chunk: elements per thread (0 or absent: one thread; else a multiple of BLK). Thread k rounds
- *     elements [k*chunk, (k+1)*chunk): each element on its own, so the bits never depend on the split.
+ *     elements [k*chunk, (k+1)*chunk): each element on its own, so the bits never depend on the split;
+ *   sink: None, or a sink of fpsim._carith (_csink.h) for the carrier's width: the rounded words go there
+ *     block by block (in element order within each job) and out is not written (any writable buffer).
  * The GIL is released for the work; the caller holds the bit generators' locks. */
 static PyObject *round_bits(PyObject *self, PyObject *args)
 {
     Py_buffer in, out, rnd;
-    PyObject *rand_obj, *params;
+    PyObject *rand_obj, *params, *sink_obj = Py_None;
     Py_ssize_t chunk = 0;
     plan_t p;
-    if (!PyArg_ParseTuple(args, "y*w*OO|n", &in, &out, &rand_obj, &params, &chunk))
+    fpsim_sink_t *sink = NULL;
+    if (!PyArg_ParseTuple(args, "y*w*OO|nO", &in, &out, &rand_obj, &params, &chunk, &sink_obj))
         return NULL;
     int have_buf = 0, n_caps = 0, have_pcg = 0, have_phx = 0;
     unsigned long long ps_hi = 0, ps_lo = 0, pi_hi = 0, pi_lo = 0;
@@ -1034,7 +1053,15 @@ static PyObject *round_bits(PyObject *self, PyObject *args)
         goto fail;
     Py_ssize_t isz = p.W / 8;
     Py_ssize_t n = in.len / isz;
-    if (rand_obj == Py_None) {
+    if (sink_obj != Py_None) {
+        sink = PyCapsule_GetPointer(sink_obj, FPSIM_SINK_CAPSULE);
+        if (!sink)
+            goto fail;
+        if (sink->W != p.W)
+            why = "the sink reads another carrier width than the plan's";
+    }
+    if (why) {
+    } else if (rand_obj == Py_None) {
     } else if (PyTuple_Check(rand_obj) && PyTuple_GET_SIZE(rand_obj) == 5 &&
                PyUnicode_Check(PyTuple_GET_ITEM(rand_obj, 0))) {
         const char *kind;
@@ -1086,7 +1113,7 @@ static PyObject *round_bits(PyObject *self, PyObject *args)
     if (why) {
     } else if (in.len % isz)
         why = "input length is not a whole number of carrier words";
-    else if (out.len < in.len)
+    else if (!sink && out.len < in.len)
         why = "output buffer shorter than the input";
     else if (p.mode == SR && !have_rand)
         why = "mode SR needs random words (a buffer or bit generators)";
@@ -1107,7 +1134,7 @@ static PyObject *round_bits(PyObject *self, PyObject *args)
         job_t jobs[MAX_JOBS];
         int use_nt = 0;
 #if HAVE_NT
-        use_nt = spec >= 0 && (p.mode == RNE || p.mode == RTZ) && out.len >= nt_min_bytes && out.buf != in.buf && __builtin_cpu_supports("avx512f");
+        use_nt = !sink && spec >= 0 && (p.mode == RNE || p.mode == RTZ) && out.len >= nt_min_bytes && out.buf != in.buf && __builtin_cpu_supports("avx512f");
 #endif
 #if HAVE_PCG64
         pcg_jumps_t J;
@@ -1152,6 +1179,9 @@ static PyObject *round_bits(PyObject *self, PyObject *args)
 #endif
             j->set_env = 1;
             j->nt = use_nt;
+            j->sink = sink;
+            j->jid = (int)k;
+            j->lo = lo;
             j->env = env;
         }
 #if HAVE_THREADS

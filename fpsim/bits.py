@@ -165,9 +165,10 @@ def to_bits(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, overflow
     """Round ``x`` into ``fmt`` and return the bit patterns (uint8/uint16/uint32/uint64).
 
     NaN results get the format's canonical NaN code (sign clear); a format without NaN raises
-    ``ValueError`` for NaN input. Rounds and encodes block by block (extra memory a few MiB); the encoding
-    runs in compiled code where fpsim/_carith.c is built (``fpsim.bits.use_c_bits = False`` forces the
-    NumPy reference; same codes).
+    ``ValueError`` for NaN input. Rounds and encodes block by block (extra memory a few MiB); where
+    fpsim/_carith.c and the compiled kernel are built, each block of a few thousand elements is encoded as soon
+    as it is rounded, while it is in cache (one pass over the input, threads as ``fpsim.rounding.max_threads``;
+    ``fpsim.bits.use_c_bits = False`` forces the NumPy reference; same codes).
 
     >>> import fpsim
     >>> hex(fpsim.to_bits(1.0, "bf16")), hex(fpsim.to_bits(-2.0, "fp8_e4m3"))
@@ -182,6 +183,10 @@ def to_bits(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, overflow
     flat = a.reshape(-1)
     out: np.ndarray = np.empty(flat.size, dtype=code_dtype(f))
     srb = None if sr_bits is None else int(sr_bits)
+    if use_c_bits and _carith is not None and hasattr(_carith, "encode_sink") and flat.size \
+            and _to_bits_fused(flat, f, mode, ov, bool(subnormals), rng, srb, out):
+        codes = out.reshape(a.shape)
+        return codes[()] if codes.ndim == 0 else codes
     # Block by block: the float64 temporaries of the encoding stay a few MiB (not ~20x the input);
     # SR draws the same random words as one round() call of the whole array.
     fast = (use_c_bits and _carith is not None and f.table is None
@@ -194,6 +199,43 @@ def to_bits(x: Any, fmt: FormatLike, rounding: RoundingLike = "rne", *, overflow
             out[i : i + step] = _encode(r, f)  # the reference (it raises for values it cannot encode)
     codes = out.reshape(a.shape)
     return codes[()] if codes.ndim == 0 else codes
+
+
+def _to_bits_fused(flat: np.ndarray, f: Format, mode: _rounding.Rounding, ov: Overflow, subnormals: bool,
+                   rng: np.random.Generator | None, srb: int | None, out: np.ndarray) -> bool:
+    """`to_bits` in one compiled pass: the kernel rounds block by block and hands each block to the encoder of
+    fpsim/_carith.c (a sink) while it is in cache, which writes the codes into ``out``; no rounded array is
+    stored. False (and the generator as it was) where this path does not serve the format, or where some value
+    needs the NumPy encoder (NaN without a NaN code, ...): the caller then takes the block-by-block path."""
+    assert _carith is not None
+    c = _rounding.sink_carrier(flat.dtype, f, mode, srb)
+    if c is None:
+        return False
+    if c.W == 32 and f.width <= 8 and f.fits_float32 and f.mbits <= 7:  # a gather beats arithmetic
+        def make(o: np.ndarray) -> Any:
+            return _carith.encode_table_sink(o, _code_table(f), 23 - f.mbits)
+    elif _c_encodable(f):
+        nan_code = f.nan_code if f.nan_code is not None else 0
+
+        def make(o: np.ndarray) -> Any:
+            return _carith.encode_sink(o, int(c.W == 32), f.mbits, f.bias, f.emin, int(f.has_inf),
+                                       int(f.nan_code is not None), int(nan_code), int(f.signed),
+                                       int(f.signed_zero), f.width, float(f.min_normal), float(f.max))
+    else:
+        return False
+    state = rng.bit_generator.state if mode is _rounding.Rounding.SR and rng is not None else None
+    # an input in the carrier's dtype in one call (threads as max_threads); another a converted block at a time
+    step = flat.size if flat.dtype == c.ftype and flat.flags.c_contiguous else BLOCK * 4
+    for i in range(0, flat.size, step):
+        blk = np.ascontiguousarray(flat[i : i + step], dtype=c.ftype)
+        sink = make(out[i : i + step])
+        _rounding.round_sink(blk, f, mode, ov, subnormals, rng, srb, sink)
+        if _carith.sink_result(sink):
+            if state is not None:
+                assert rng is not None
+                rng.bit_generator.state = state  # the reference path draws the same words again
+            return False
+    return True
 
 
 @ieee_mode

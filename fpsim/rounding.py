@@ -506,7 +506,8 @@ def _thread_chunk(n: int) -> int:
     return -(-per // _C_BLK) * _C_BLK
 
 
-def _run_c_kernel(sb: np.ndarray, res: np.ndarray, pl: _Plan, rng: np.random.Generator | Philox | None) -> None:
+def _run_c_kernel(sb: np.ndarray, res: np.ndarray, pl: _Plan, rng: np.random.Generator | Philox | None,
+                  sink: Any = None) -> None:
     """Round the carrier bit patterns ``sb`` into ``res`` (1-D, same size, C-contiguous; ``res`` may be
     ``sb`` itself) with the compiled kernel in one call: the GIL released, large arrays split among
     ``max_threads`` threads in C (a static split: the bits never depend on it).
@@ -518,20 +519,25 @@ def _run_c_kernel(sb: np.ndarray, res: np.ndarray, pl: _Plan, rng: np.random.Gen
     stepped in C from its ``state`` (each thread jumping ahead to its first word); for PCG64DXSM each
     thread draws from a copy of the generator advanced to its first word; other bit generators draw in
     one thread.
+
+    ``sink`` (a sink of fpsim/_carith.c, see fpsim/_csink.h): the rounded words go there block by block
+    instead of into ``res`` (which is then not written), the same words with the same random words.
     """
     assert _ckernel is not None
+    extra = () if sink is None else (sink,)
     params = _C_PARAMS.get(pl)
     if params is None:
         params = _C_PARAMS[pl] = _c_params(pl)
     chunk = _thread_chunk(sb.size)
     if pl.mode is not Rounding.SR:
-        _ckernel.round_bits(sb, res, None, params, chunk)
+        _ckernel.round_bits(sb, res, None, params, chunk, *extra)
         return
     assert rng is not None
     if isinstance(rng, Philox):  # counter-based: each thread computes its own elements' words
         half = _philox_half(pl)
         start = rng.take(_philox_words_needed(sb.size, pl))
-        _ckernel.round_bits(sb, res, ("philox", rng.key & _M32, rng.key >> 32, start, int(half)), params, chunk)
+        _ckernel.round_bits(sb, res, ("philox", rng.key & _M32, rng.key >> 32, start, int(half)), params, chunk,
+                            *extra)
         return
     bg = rng.bit_generator
     with bg.lock:
@@ -540,7 +546,8 @@ def _run_c_kernel(sb: np.ndarray, res: np.ndarray, pl: _Plan, rng: np.random.Gen
             # a call per word; each thread jumps ahead to its first word)
             st = bg.state
             s, inc = int(st["state"]["state"]), int(st["state"]["inc"])
-            hi, lo = _ckernel.round_bits(sb, res, ("pcg64", s >> 64, s & _M64, inc >> 64, inc & _M64), params, chunk)
+            hi, lo = _ckernel.round_bits(sb, res, ("pcg64", s >> 64, s & _M64, inc >> 64, inc & _M64), params, chunk,
+                                         *extra)
             end = dict(st)
             end["state"] = {"state": (hi << 64) | lo, "inc": inc}
             bg.state = end  # has_uint32/uinteger as they were: next_uint64 does not touch them
@@ -555,14 +562,45 @@ def _run_c_kernel(sb: np.ndarray, res: np.ndarray, pl: _Plan, rng: np.random.Gen
                 if lo:
                     g.advance(lo // 2 if half else lo)  # lo is even: a word boundary
                 streams.append(g)
-            _ckernel.round_bits(sb, res, tuple(g.capsule for g in streams), params, chunk)
+            _ckernel.round_bits(sb, res, tuple(g.capsule for g in streams), params, chunk, *extra)
             end = dict(streams[-1].state)  # the last stream stops after the last element's word
             for k in ("has_uint32", "uinteger"):  # advance() clears the 32-bit buffer the original keeps
                 if k in st:
                     end[k] = st[k]
             bg.state = end
         else:
-            _ckernel.round_bits(sb, res, bg.capsule, params, 0)
+            _ckernel.round_bits(sb, res, bg.capsule, params, 0, *extra)
+
+
+def sink_carrier(dtype: np.dtype, fmt: Format, mode: Rounding, sr_bits: int | None) -> _Carrier | None:
+    """The carrier in which `round_sink` rounds an array of ``dtype`` into ``fmt``, or None where the
+    compiled kernel does not serve it (no kernel, the NumPy kernel forced, a table format, other dtypes).
+    Shared with `fpsim.bits` (hence no underscore); not in ``__all__``, not part of the API."""
+    if not (use_sink and use_c_kernel) or _ckernel is None or fmt.table is not None \
+            or dtype not in (np.float32, np.float64):
+        return None
+    return _carrier_for(dtype, fmt, mode, sr_bits)
+
+
+def round_sink(src: np.ndarray, fmt: Format, mode: Rounding, overflow: Overflow, subnormals: bool,
+                rng: np.random.Generator | None, sr_bits: int | None, sink: Any) -> None:
+    """Round ``src`` (1-D, C-contiguous, of the dtype of `sink_carrier`'s carrier) with the compiled kernel
+    as `round` does (same plan, same random words, threads as ``max_threads``), each rounded block handed to
+    ``sink`` while it is in cache instead of stored: analyze and to_bits in one pass over the input. Shared
+    with `fpsim.bits`; not in ``__all__``, not part of the API."""
+    c = _carrier_for(src.dtype, fmt, mode, sr_bits)
+    assert src.dtype == c.ftype and src.flags.c_contiguous and src.ndim == 1
+    pl = _plan_cached(c, fmt, mode, overflow, subnormals, sr_bits)
+    with np.errstate(invalid="ignore"):
+        _run_c_kernel(src.view(c.utype), _NO_OUT[c.W], pl, rng, sink)
+
+
+use_sink = True
+"""Whether :func:`analyze` and :func:`fpsim.to_bits` count or encode each rounded block in the compiled kernel's
+pass (one pass over the input); False: round a block into an array, then count or encode it (the way before
+issue 30, kept for benchmarks). Same reports and codes either way."""
+
+_NO_OUT: dict[int, np.ndarray] = {32: np.empty(1, np.uint32), 64: np.empty(1, np.uint64)}  # unused with a sink
 
 
 def _carrier_for(dtype: np.dtype, fmt: Format, mode: Rounding, sr_bits: int | None) -> _Carrier:
@@ -1074,9 +1112,10 @@ def analyze(
 ) -> RoundingReport:
     """Round ``x`` into ``fmt`` and count what happened (exact, underflow, subnormal, overflow, NaN).
 
-    Works block by block: extra memory stays a few MiB, whatever the size of ``x``. The counts run in one
-    compiled pass per block where fpsim/_carith.c is built (``fpsim.rounding.use_c_analyze = False`` forces
-    the NumPy reference; same report).
+    Works block by block: extra memory stays a few MiB, whatever the size of ``x``. Where fpsim/_carith.c and
+    the compiled kernel are built, each block of a few thousand elements is counted as soon as it is rounded,
+    while it is in cache: one pass over the input, threads as ``fpsim.rounding.max_threads``
+    (``fpsim.rounding.use_c_analyze = False`` forces the NumPy reference; same report).
 
     >>> import fpsim, numpy as np
     >>> r = fpsim.analyze(np.array([1.0, 1e-9, 7e4, 0.1]), "fp16")
@@ -1095,6 +1134,9 @@ def analyze(
         from . import _carith  # type: ignore[attr-defined]
     except ImportError:  # pragma: no cover - no compiler at install time
         _carith = None
+    c = sink_carrier(flat.dtype, f, mode, srb) if use_c_analyze and _carith is not None else None
+    if c is not None and hasattr(_carith, "analyze_sink"):
+        return _analyze_fused(flat, f, mode, ov, bool(subnormals), rng, srb, c)
     # the compiled counts keep no temporaries: larger blocks (the NumPy reference keeps the small ones)
     step = _BLOCK * 4 if use_c_analyze and _carith is not None else _BLOCK
     threads = max_threads if max_threads is not None else min(os.cpu_count() or 1, 8)  # for the counts
@@ -1128,6 +1170,49 @@ def analyze(
         max_abs_error=max_abs,
         max_rel_error=max_rel,
     )
+
+
+def _analyze_fused(flat: np.ndarray, f: Format, mode: Rounding, ov: Overflow, subnormals: bool,
+                   rng: np.random.Generator | None, srb: int | None, c: _Carrier) -> RoundingReport:
+    """`analyze` in one compiled pass: the kernel rounds block by block and hands each block to the counts of
+    fpsim/_carith.c (``analyze_sink``) while it is in cache; no rounded array is stored. An input already in
+    the carrier's dtype goes in one call (threads as ``max_threads``); another dtype a converted block at a
+    time. Overflow needs the rounding with an unbounded exponent: only where some finite input lies beyond
+    ``max`` (the counts say how many), a second pass over those blocks as the reference does."""
+    from . import _carith  # type: ignore[attr-defined]
+
+    state = rng.bit_generator.state if mode is Rounding.SR and rng is not None else None
+    one_call = flat.dtype == c.ftype and flat.flags.c_contiguous
+    step = max(flat.size, 1) if one_call else _BLOCK * 4
+    ex = uf = sub = nan = beyond = 0
+    max_abs = max_rel = 0.0
+    for i in range(0, flat.size, step):
+        blk = np.ascontiguousarray(flat[i : i + step], dtype=c.ftype)
+        sink = _carith.analyze_sink(int(c.W == 32), float(f.min_normal), float(f.max))
+        round_sink(blk, f, mode, ov, subnormals, rng, srb, sink)
+        e1, u1, s1, n1, b1, ea, er = _carith.sink_result(sink)
+        ex, uf, sub, nan, beyond = ex + e1, uf + u1, sub + s1, nan + n1, beyond + b1
+        max_abs, max_rel = max(max_abs, ea), max(max_rel, er)
+    overflow = 0
+    if beyond:  # finite inputs beyond max (usually none): which of them overflow, block by block
+        g = None
+        if state is not None:  # a copy of the generator from the call's start, stepped past each block
+            assert rng is not None
+            g = np.random.Generator(copy.deepcopy(rng.bit_generator))
+            g.bit_generator.state = state
+        for i in range(0, flat.size, _BLOCK):  # _BLOCK is even: each block starts on a whole random word
+            blk = flat[i : i + _BLOCK]
+            with np.errstate(invalid="ignore"):
+                b = blk.astype(np.float64, copy=False)
+            sel = np.isfinite(b) & (np.abs(b) > f.max)
+            st = g.bit_generator.state if g is not None else None
+            if sel.any():
+                overflow += int(np.count_nonzero(_overflows(blk, sel, f, mode, subnormals, srb, g, st)))
+            if g is not None:
+                _random_words(g, blk.size, c)
+    n = int(flat.size)
+    return RoundingReport(format=f.name, rounding=mode.value, total=n, exact=ex, inexact=n - ex, underflow=uf,
+                          subnormal=sub, overflow=overflow, nan=nan, max_abs_error=max_abs, max_rel_error=max_rel)
 
 
 use_c_analyze = True

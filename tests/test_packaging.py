@@ -24,6 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ["fpsim/_ckernel.c", "fpsim/_cfpenv.c", "fpsim/_cgemm.c", "fpsim/_carith.c"]
+HEADERS = ["fpsim/_csink.h"]  # included by the sources: in the sdist too
 SETUPTOOLS_FLOOR = (77, 0)  # PEP 639 (license expression) support
 KERNEL_MAX_BYTES = 300_000  # ~100 KB stripped on x86-64 gcc; 633 KB when it shipped with -g
 
@@ -83,7 +84,7 @@ def test_extensions_declared_optional_and_in_the_sdist():
     assert all(ext.optional for ext in declared.values())
     assert sorted(src for ext in declared.values() for src in ext.sources) == sorted(SOURCES)
     manifest = (ROOT / "MANIFEST.in").read_text(encoding="utf-8").split("\n")
-    for src in SOURCES:
+    for src in SOURCES + HEADERS:
         assert (ROOT / src).is_file()
         assert f"include {src}" in manifest
 
@@ -233,6 +234,6 @@ def test_built_wheel_and_sdist(tmp_path):
         pkg_info = tf.extractfile(f"{top}/PKG-INFO")
         assert pkg_info is not None
         sdist_meta = Parser().parsestr(pkg_info.read().decode("utf-8"))
-    for src_file in SOURCES:
+    for src_file in SOURCES + HEADERS:
         assert f"{top}/{src_file}" in names
     assert sdist_meta["License-Expression"] == "BSD-3-Clause"
