@@ -353,21 +353,20 @@ fused_group(const prm_t *p, const float *af, const int32_t *ea, const float *q, 
     __m256 sc[4];
     __m256d a0[4], a1[4];
     int anys = 0;
-    /* pass 0: E_c (the binary32 exponent of a finite non-zero addend, else nothing), at least floor_e */
+    /* pass 0: E_c (the binary32 exponent of a finite non-zero addend), at least floor_e. A zero addend gets
+     * max(-126, floor_e) instead of floor_e alone, which changes nothing here: a non-zero product has E_i >= -80
+     * (the loop's range) and wins, and with none the sum is 0 either way; a non-finite one is redone. */
     {
-        const __m256i e11 = _mm256_set1_epi32(0x7ff), z32 = _mm256_setzero_si256();
-        const __m256i bias = _mm256_set1_epi32(1023), lo = _mm256_set1_epi32(-126), fl = _mm256_set1_epi32(floor_e);
+        const __m256i e11 = _mm256_set1_epi32(0x7ff), bias = _mm256_set1_epi32(1023);
+        const __m256i lofl = _mm256_set1_epi32(floor_e > -126 ? floor_e : -126);
         __m256i spec = _mm256_setzero_si256();
         for (int u = 0; u < NV; u++) {
             __m256d c0 = _mm256_loadu_pd(cin + 8 * u), c1 = _mm256_loadu_pd(cin + 8 * u + 4);
             __m256i hi = _mm256_castps_si256(_mm256_shuffle_ps(_mm256_castpd_ps(c0), _mm256_castpd_ps(c1), 0xdd));
             hi = _mm256_permute4x64_epi64(hi, 0xd8); /* the eight high words in lane order */
             __m256i ef = _mm256_and_si256(_mm256_srli_epi32(hi, 20), e11);
-            __m256i nf = _mm256_cmpeq_epi32(ef, e11);
-            __m256i bad = _mm256_or_si256(nf, _mm256_cmpeq_epi32(ef, z32));
-            __m256i ec = _mm256_max_epi32(_mm256_max_epi32(_mm256_sub_epi32(ef, bias), lo), fl);
-            em[u] = _mm256_blendv_epi8(ec, fl, bad);
-            spec = _mm256_or_si256(spec, nf);
+            em[u] = _mm256_max_epi32(_mm256_sub_epi32(ef, bias), lofl);
+            spec = _mm256_or_si256(spec, _mm256_cmpeq_epi32(ef, e11));
         }
         if (!_mm256_testz_si256(spec, spec)) { /* rare: record the group's non-finite addends */
             for (int j = 0; j < 8 * NV; j++)
@@ -386,6 +385,9 @@ fused_group(const prm_t *p, const float *af, const int32_t *ea, const float *q, 
     {
         const __m256i sbias = _mm256_set1_epi32(127 + 23 + p->neab);
         const __m256i smax = _mm256_set1_epi32(254), smin = _mm256_set1_epi32(1);
+        for (int h = 0; h < NP; h++) /* only a block of zeros has E_max < -900 (sum 0 whatever L is): then L
+                                         * needs no clamp in pass 3 */
+            eh[h] = _mm256_max_epi16(eh[h], _mm256_set1_epi16(-900));
         for (int u = 0; u < NV; u++) {
             __m128i half = (u & 1) ? _mm256_extracti128_si256(eh[u / 2], 1) : _mm256_castsi256_si128(eh[u / 2]);
             em[u] = _mm256_cvtepi16_epi32(half);
@@ -420,7 +422,7 @@ fused_group(const prm_t *p, const float *af, const int32_t *ea, const float *q, 
      * of the output format; a 4-lane chunk with another case is redone by finish() */
     {
         const int drop = 52 - p->mb;
-        const __m128i sh0 = _mm_set1_epi32(23 + p->neab), lmin = _mm_set1_epi32(-1000), lmax = _mm_set1_epi32(1000);
+        const __m128i sh0 = _mm_set1_epi32(23 + p->neab);
         const __m256i bias = _mm256_set1_epi64x(1023), absm = _mm256_set1_epi64x(0x7fffffffffffffffLL);
         const __m256i keep = _mm256_set1_epi64x((int64_t)(~((1ULL << drop) - 1)));
         const __m256i halfm1 = _mm256_set1_epi64x((int64_t)((1ULL << (drop - 1)) - 1)), one = _mm256_set1_epi64x(1);
@@ -431,7 +433,7 @@ fused_group(const prm_t *p, const float *af, const int32_t *ea, const float *q, 
             for (int hh = 0; hh < 2; hh++) {
                 const int j = 8 * u + 4 * hh;
                 __m128i e32 = hh ? _mm256_extracti128_si256(em[u], 1) : _mm256_castsi256_si128(em[u]);
-                __m256i L = _mm256_cvtepi32_epi64(_mm_min_epi32(_mm_max_epi32(_mm_sub_epi32(e32, sh0), lmin), lmax));
+                __m256i L = _mm256_cvtepi32_epi64(_mm_sub_epi32(e32, sh0)); /* in [-1000, 1000]: E_max >= -900 */
                 __m256d pL = _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_add_epi64(L, bias), 52));
                 __m256d pnL = _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_sub_epi64(bias, L), 52));
                 /* the addend as it is: a zero gives qc = 0, and a lane with a non-finite addend is redone by the
