@@ -821,6 +821,14 @@ static void *prep_worker(void *arg)
     return NULL;
 }
 
+/* float32 -> float64 (exact) */
+CLONES static void widen(const void *src, Py_ssize_t n, double *dst)
+{
+    const float *x = (const float *)src;
+    for (Py_ssize_t i = 0; i < n; i++)
+        dst[i] = (double)x[i];
+}
+
 /* One cached work buffer for bfma_gemm, reused from call to call so that a run of GEMMs does not fault in and
  * clear fresh pages every time (10 MiB at 512^2). Taken and given back with the GIL held; a call that finds it
  * taken (another thread inside bfma_gemm) or needs more than ARENA_MAX bytes gets a buffer of its own. */
@@ -870,10 +878,12 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
     if (rowwise && (M != 1 || nbatch != 1))
         why = "dot mode needs M = 1 and one batch entry (A is Kp x N)";
     else if (M < 0 || N < 0 || Kp < 0 || nbatch < 1 ||
-             A.len != (Py_ssize_t)sizeof(double) * nbatch * (rowwise ? N : M) * Kp ||
-             B.len != (Py_ssize_t)sizeof(double) * nbatch * Kp * N ||
+             (A.len != (Py_ssize_t)sizeof(double) * nbatch * (rowwise ? N : M) * Kp &&
+              A.len != (Py_ssize_t)sizeof(float) * nbatch * (rowwise ? N : M) * Kp) ||
+             (B.len != (Py_ssize_t)sizeof(double) * nbatch * Kp * N &&
+              B.len != (Py_ssize_t)sizeof(float) * nbatch * Kp * N) ||
              D.len != (Py_ssize_t)sizeof(double) * nbatch * M * N)
-        why = "buffer sizes do not match nbatch, M, N, Kp (float64, C order)";
+        why = "buffer sizes do not match nbatch, M, N, Kp (A and B float64 or float32, D float64, C order)";
     else if (p.k < 1 || p.k > 4096 || (p.nblk != 1 && p.nblk != 2) || k0 < 0 || k1 > Kp || k0 > k1 ||
              k0 % ki || (p.nblk == 2 && (Kp % ki || k1 % ki)) || (k1 % ki && k1 != Kp))
         why = "bad block size or K range";
@@ -903,22 +913,28 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
      * module's cached one where free and large enough (taken and given back under the GIL), else a fresh one. */
     Py_ssize_t na = rowwise ? kr * N : M * kr;
     const int want_f32 = !rowwise && p.mbits_in <= 11 && (NT % 16 == 0 || N <= NT) && use_avx2();
-    size_t off[9];
+    /* float32 operands (the training runtime's values) are widened into the work buffer here, which saves
+     * the caller a float64 copy of its own (an allocation and fresh pages per call) */
+    const Py_ssize_t nA = nbatch * (rowwise ? N : M) * Kp, nB = nbatch * Kp * N;
+    const int a32 = A.len != (Py_ssize_t)sizeof(double) * nA, b32 = B.len != (Py_ssize_t)sizeof(double) * nB;
+    size_t off[11];
     {
-        size_t sz[8] = {sizeof(int32_t) * (size_t)(na * nbatch), sizeof(int32_t) * (size_t)(na * nbatch),
+        size_t sz[10] = {sizeof(int32_t) * (size_t)(na * nbatch), sizeof(int32_t) * (size_t)(na * nbatch),
                         sizeof(int32_t) * (size_t)(kr * N * nbatch), sizeof(int32_t) * (size_t)(kr * N * nbatch),
                         (size_t)((rowwise ? nb * N : M * nb) * nbatch), (size_t)(nb * N * nbatch),
                         want_f32 ? sizeof(float) * (size_t)(M * kr * nbatch) : 0,
-                        want_f32 ? sizeof(float) * (size_t)(packed_b_size(kr, N, p.k) * nbatch + 1) : 0};
+                        want_f32 ? sizeof(float) * (size_t)(packed_b_size(kr, N, p.k) * nbatch + 1) : 0,
+                         a32 ? sizeof(double) * (size_t)nA : 0, b32 ? sizeof(double) * (size_t)nB : 0};
         off[0] = 0;
-        for (int t = 0; t < 8; t++)
+        for (int t = 0; t < 10; t++)
             off[t + 1] = off[t] + ((sz[t] + 63) & ~(size_t)63);
     }
-    char *buf = arena_take(off[8]);
+    char *buf = arena_take(off[10]);
     Py_BEGIN_ALLOW_THREADS
     int caller_mode = fegetround(); /* the rounding steps assume round to nearest; threads inherit it */
     fesetround(FE_TONEAREST);
     float *af32 = NULL, *bf32 = NULL;
+    const double *Ad = (const double *)A.buf, *Bd = (const double *)B.buf;
     int32_t *ma = NULL, *ea = NULL, *mbv = NULL, *eb = NULL;
     uint8_t *fa = NULL, *fb = NULL;
     if (!buf) {
@@ -928,6 +944,16 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
         mbv = (int32_t *)(buf + off[2]); eb = (int32_t *)(buf + off[3]);
         fa = (uint8_t *)(buf + off[4]); fb = (uint8_t *)(buf + off[5]);
         memset(fa, 0, off[6] - off[4]);
+        if (a32) {
+            double *w = (double *)(buf + off[8]);
+            widen(A.buf, nA, w);
+            Ad = w;
+        }
+        if (b32) {
+            double *w = (double *)(buf + off[9]);
+            widen(B.buf, nB, w);
+            Bd = w;
+        }
         if (want_f32) { /* the AVX2 loop where its conditions hold (see fused_group; tiles start at pairs of vectors) */
             af32 = (float *)(buf + off[6]);
             bf32 = (float *)(buf + off[7]);
@@ -936,7 +962,7 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
             prep_t pj[64];
             int np = clamp_threads(nthreads, M > nb ? M : nb);
             for (int t = 0; t < np; t++) {
-                pj[t] = (prep_t){(const double *)A.buf, (const double *)B.buf, ma, ea, mbv, eb, fa, fb, af32, bf32,
+                pj[t] = (prep_t){Ad, Bd, ma, ea, mbv, eb, fa, fb, af32, bf32,
                                  M, N, Kp, k0, kr, nb, nbatch, &p, np, t, 0};
             }
             run_jobs(pj, sizeof pj[0], np, prep_worker);
@@ -947,7 +973,7 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
                 af32 = bf32 = NULL;
         }
       for (Py_ssize_t bt = 0; bt < nbatch && rowwise; bt++) { /* dot mode: A is Kp x N like B */
-        const double *a = (const double *)A.buf, *b = (const double *)B.buf;
+        const double *a = Ad, *b = Bd;
         int32_t *ma_ = ma, *ea_ = ea, *mbv_ = mbv, *eb_ = eb;
         uint8_t *fa_ = fa, *fb_ = fb;
         decompose(a + k0 * N, kr * N, p.mbits_in, p.emin_in, p.G, ma_, ea_);
@@ -964,7 +990,7 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
         job_t base;
         base.ma = ma; base.ea = ea; base.mbv = mbv; base.eb = eb;
         base.af = af32; base.bf = bf32;
-        base.A = (const double *)A.buf; base.B = (const double *)B.buf;
+        base.A = Ad; base.B = Bd;
         base.fa = fa; base.fb = fb; base.D = (double *)D.buf;
         base.M = M; base.N = N; base.Kp = Kp; base.k0 = k0; base.kr = kr; base.nb = nb;
         base.MT = MT; base.NT = NT; base.p = &p; base.rowwise = rowwise;
@@ -1191,7 +1217,8 @@ static PyObject *generic_gemm(PyObject *self, PyObject *args)
 static PyMethodDef methods[] = {
     {"bfma_gemm", bfma_gemm, METH_VARARGS,
      "bfma_gemm(A, B, D, M, N, Kp, k0, k1, params, nthreads, MT, NT, rowwise, nbatch): chain D (nbatch x M x N "
-     "float64, in place) through the BFMA blocks of A[:, :, k0:k1] @ B[:, k0:k1, :] (float64, C order); "
+     "float64, in place) through the BFMA blocks of A[:, :, k0:k1] @ B[:, k0:k1, :] (float64 or float32 each, told "
+     "apart by the buffer's size; C order); "
      "rowwise: M = 1, nbatch = 1, A is Kp x N and D[j] chains sum_k A[k, j] * B[k, j] (dot)."},
     {"impl", impl, METH_VARARGS,
      "impl([name]): the previous choice of the block-FMA GEMM's inner loop, then sets it to name if given: 'auto' "

@@ -298,3 +298,36 @@ def test_work_buffer_reused_across_sizes_and_threads() -> None:
         assert len(got[t]) == 3 * len(cases)
         for n, g in enumerate(got[t]):
             assert np.array_equal(g, refs[n % len(cases)]), f"thread {t}, call {n}"
+
+
+@pytest.mark.parametrize("spec", ["h100:fp16", "h100:fp8_e4m3:fp16", "a100:bf16", "v100:fp16:fp16"])
+def test_float32_operands_widened_in_the_kernel(spec: str) -> None:
+    """float32 operands (the training runtime's values) go to the kernel as they are and are widened there:
+    the same bits as float64 operands and as the NumPy reference, on every loop and thread count, each operand
+    float32 or float64, with a batch, a K tail and NaN/inf (inf only where the format has one: these are values
+    of the format, which _matmul_values takes as they are)."""
+    m = fpsim.mma.as_model(spec)
+    rng = np.random.default_rng(3035)
+    ki = m.instruction_k
+    # values of the input format, as the runtime passes them (_matmul_values does not round its inputs)
+    a = np.asarray(G.convert_inputs(_values(rng, (3, 6, 2 * ki + 3), m.input, 5), m.input, None, "A"))
+    b = np.asarray(G.convert_inputs(_values(rng, (2 * ki + 3, 40), m.input, 5), m.b_format, None, "B"))
+    a[0, 1, 2] = np.nan
+    b[3, 7] = -np.inf if np.isinf(float(G.convert_inputs(np.array([np.inf]), m.b_format, None, "B")[0])) else np.nan
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    ref = fpsim.matmul(a, b, model=m)
+    for x, y in ((a32, b32), (a32, b), (a, b32)):
+        assert_all_same(lambda: G._matmul_values(x.astype(np.float32), y.astype(np.float32), None, m))
+        got = G._matmul_values(np.asarray(x, dtype=np.float32), np.asarray(y, dtype=np.float32), None, m)
+        assert np.array_equal(_bits(got), _bits(np.asarray(ref, dtype=np.float32)))
+    kern = G._c_kernel(m)
+    if kern is None or kern.order is not None:
+        return
+    kk = a.shape[-1]
+    for x, y in ((a32, b32), (a32, b), (a, b32)):
+        d = np.zeros((3, 6, 40))
+        C.bfma_gemm(np.ascontiguousarray(x), np.ascontiguousarray(np.broadcast_to(y, (3, kk, 40))), d, 6, 40, kk,
+                    0, kk, kern.params, 2, 4, 32, 0, 3)
+        assert np.array_equal(_bits(d), _bits(ref))
+    with pytest.raises(ValueError, match="float32"):
+        C.bfma_gemm(a32[:, :, :-1].copy(), b, np.zeros((3, 6, 40)), 6, 40, kk, 0, kk, kern.params, 1, 4, 32, 0, 3)

@@ -618,9 +618,11 @@ def _c_matmul2d(a: np.ndarray, b: np.ndarray, c: np.ndarray, kern: BFMAKernel,
     # The kernel takes a last, partial block as it is (its missing products are zeros, which never win E_max);
     # a reordered K (the mod-4 grouping) and the promotion groups are padded with zeros as in the NumPy path.
     kp = kk if (kern.order is None and promote_every is None) else kk + (-kk) % step
-    if kp == kk:
-        ap = np.ascontiguousarray(a, dtype=np.float64)
-        bp = np.ascontiguousarray(b, dtype=np.float64)
+    ap: np.ndarray
+    bp: np.ndarray
+    if kp == kk:  # float32 operands (the training runtime's) go as they are: the kernel widens them
+        ap = np.ascontiguousarray(a, dtype=np.float32 if a.dtype == np.float32 else np.float64)
+        bp = np.ascontiguousarray(b, dtype=np.float32 if b.dtype == np.float32 else np.float64)
     else:
         ap = np.zeros((nbt, mm, kp))
         ap[:, :, :kk] = a
