@@ -1234,4 +1234,13 @@ static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_cgemm",
                                     "Compiled block-FMA and generic GEMMs (see fpsim/mma/gemm.py).", -1, methods,
                                     NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__cgemm(void) { return PyModule_Create(&moddef); }
+PyMODINIT_FUNC PyInit__cgemm(void)
+{
+    PyObject *m = PyModule_Create(&moddef);
+    /* bfma_gemm takes float32 operands (and widens them itself): fpsim/mma/gemm.py passes them only then */
+    if (m && PyModule_AddIntConstant(m, "FLOAT32_OPERANDS", 1) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

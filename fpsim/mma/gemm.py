@@ -620,9 +620,10 @@ def _c_matmul2d(a: np.ndarray, b: np.ndarray, c: np.ndarray, kern: BFMAKernel,
     kp = kk if (kern.order is None and promote_every is None) else kk + (-kk) % step
     ap: np.ndarray
     bp: np.ndarray
-    if kp == kk:  # float32 operands (the training runtime's) go as they are: the kernel widens them
-        ap = np.ascontiguousarray(a, dtype=np.float32 if a.dtype == np.float32 else np.float64)
-        bp = np.ascontiguousarray(b, dtype=np.float32 if b.dtype == np.float32 else np.float64)
+    if kp == kk:  # float32 operands (the training runtime's) go as they are where the kernel widens them
+        f32 = getattr(_cgemm, "FLOAT32_OPERANDS", 0)
+        ap = np.ascontiguousarray(a, dtype=np.float32 if f32 and a.dtype == np.float32 else np.float64)
+        bp = np.ascontiguousarray(b, dtype=np.float32 if f32 and b.dtype == np.float32 else np.float64)
     else:
         ap = np.zeros((nbt, mm, kp))
         ap[:, :, :kk] = a
