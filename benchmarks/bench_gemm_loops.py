@@ -139,7 +139,8 @@ def _small(variants: list[tuple[str, Any, str | None]], new: Any, repeat: int) -
             for _ in range(repeat):
                 for name, mod, fn in runs:
                     G._cgemm = mod
-                    mod.impl("auto") if hasattr(mod, "impl") else None
+                    if hasattr(mod, "impl"):
+                        mod.impl("auto")
                     t0, c0 = time.perf_counter(), time.process_time()
                     fn()
                     w, c = time.perf_counter() - t0, time.process_time() - c0
