@@ -18,8 +18,8 @@ GIL released; threads per :data:`fpsim.rounding.max_threads`) when it was built 
 bits as the units' NumPy references, which stay as the reference and the fallback
 (``fpsim.mma.gemm.use_c_gemm = False`` forces them; tests/test_cgemm.py checks the two against each other on
 every NVIDIA preset). Promotion and scales are applied in NumPy on the kernel's partial sums. The block-FMA
-kernel keeps one work buffer between calls (at most 48 MiB, about 26 bytes per element of A and B: square GEMMs up to
-about 1400 x 1400), so that a run of GEMMs does not fault in fresh pages for each.
+kernel keeps one work buffer between calls (at most 48 MiB, about 26 bytes per element of A and B: square
+GEMMs up to about 1400 x 1400), so that a run of GEMMs does not fault in fresh pages for each.
 
 What is *not* modelled: the order a real GEMM library (cuBLAS, CUTLASS) splits K across MMA instructions,
 warps and split-K partitions. Here every output is one chain of blocks in increasing K order.
