@@ -20,7 +20,7 @@
  * Special values (step 0): a block whose products or addend hold a NaN or an infinity gives NaN (a NaN, an
  * inf*0, or both infinities) or the infinity, exactly as fpsim.mma.model.specials.
  *
- * AVX2 loop (issue 30; pass12_avx2, pass0_avx2, finish_avx2), used where the CPU has AVX2, impl() allows it
+ * AVX2 loop (issue 30; fused_group, finish_avx2), used where the CPU has AVX2, impl() allows it
  * and the inputs have <= 12 significant bits with exponents in [-40, 40]: steps 1-4 in float32 lanes (each
  * product exact, Q_i one scaling and one truncating conversion) on a packed B, step 5 as a mask on the
  * double's bits where the result is a normal number of the output format. The integer loop below is the
@@ -265,130 +265,7 @@ static int pack_b(const double *b, const int32_t *e, Py_ssize_t kr, Py_ssize_t N
     return !bad;
 }
 
-#if HAVE_AVX2_PATH
-/* Passes 1-2 in float32 for lanes [0, nv*8) of one row and one block (the caller checks the conditions):
- * inputs of <= 12 significant bits and exponents in [-40, 40] (bfma_gemm checks both), so a*b is exact in
- * float32 (<= 24 bits, >= 2**-102, < 2**82). Q_i = trunc(a b 2**(23 + neab - E_max)) is the integer
- * loop's sign * (|m_a m_b| 2**G >> (E_max - E_i + c0)) (same value: both are the product truncated to the
- * grid); the scale S is a power of two, so a*b*S is exact unless it is below 2**-126, and then < 1 and
- * truncated to 0 either way. |Q_i| < 2**(25 + neab) <= 2**31, so vcvttps2dq (truncation) is exact; the
- * int32 sums are widened every cs products as in the integer loop. Four vectors (32 lanes) at a time keep
- * E_max, S and the sums in registers over the whole block: one broadcast of a per product row, then per
- * vector a load, two multiplies, a conversion and an add. */
-/* NV (1, 2 or 4) vectors of one row: a compile-time count, so that the arrays below live in registers.
- * q: the packed B of this block at the first pair of vectors (see pack_b): per pair of vectors, per product
- * row l, 16 int16 exponents then 16 float32 values, so that the block's B for a group of lanes is one
- * contiguous run. E_max is found in int16 lanes (16 outputs per instruction; the exponents of values fit,
- * and the saturating add keeps the zeros' ZERO_EXP sums, now -32768, below any real exponent). */
-__attribute__((target("avx2,fma"), always_inline)) static inline void
-pass12_group(const prm_t *p, const float *af, const int32_t *ea, const float *q, int k, int kpk, int32_t *emax,
-             double *acc, const int NV)
-{
-    const int NP = (NV + 1) / 2; /* pairs */
-    const int cs = p->cs;
-    const __m256i sbias = _mm256_set1_epi32(127 + 23 + p->neab);
-    const __m256i smax = _mm256_set1_epi32(254), smin = _mm256_set1_epi32(1);
-    __m256i em[4], ac[4], eh[2];
-    __m256 sc[4];
-    __m256d a0[4], a1[4];
-    for (int h = 0; h < NP; h++) {
-        __m256i lo = _mm256_loadu_si256((const __m256i *)(emax + 16 * h));
-        __m256i hi = NV > 1 ? _mm256_loadu_si256((const __m256i *)(emax + 16 * h + 8)) : lo;
-        eh[h] = _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xd8); /* lanes in order */
-    }
-    /* pass 1: E_max = max(E_c or mel (already in emax), ea + eb) */
-    for (int l = 0; l < k; l++) {
-        const __m256i e = _mm256_set1_epi16((int16_t)ea[l]);
-        for (int h = 0; h < NP; h++)
-            eh[h] = _mm256_max_epi16(eh[h], _mm256_adds_epi16(e, _mm256_loadu_si256((const __m256i *)(q + (h * kpk + l) * 24))));
-    }
-    for (int u = 0; u < NV; u++) {
-        __m128i half = (u & 1) ? _mm256_extracti128_si256(eh[u / 2], 1) : _mm256_castsi256_si128(eh[u / 2]);
-        em[u] = _mm256_cvtepi16_epi32(half);
-        _mm256_storeu_si256((__m256i *)(emax + 8 * u), em[u]);
-        /* S = 2**(23 + neab - E_max), its float32 exponent field clamped to the normal range (see above) */
-        __m256i f = _mm256_sub_epi32(sbias, em[u]);
-        f = _mm256_min_epi32(_mm256_max_epi32(f, smin), smax);
-        sc[u] = _mm256_castsi256_ps(_mm256_slli_epi32(f, 23));
-        a0[u] = _mm256_setzero_pd();
-        a1[u] = _mm256_setzero_pd();
-    }
-    /* pass 2: the truncated products, summed exactly */
-    for (int l0 = 0; l0 < k; l0 += cs) {
-        const int l1 = l0 + cs < k ? l0 + cs : k;
-        for (int u = 0; u < NV; u++)
-            ac[u] = _mm256_setzero_si256();
-        for (int l = l0; l < l1; l++) {
-            const __m256 a = _mm256_set1_ps(af[l]);
-            for (int u = 0; u < NV; u++) {
-                __m256 b = _mm256_loadu_ps(q + ((u / 2) * kpk + l) * 24 + 8 + 8 * (u & 1));
-                __m256 pr = _mm256_mul_ps(_mm256_mul_ps(a, b), sc[u]);
-                ac[u] = _mm256_add_epi32(ac[u], _mm256_cvttps_epi32(pr));
-            }
-        }
-        for (int u = 0; u < NV; u++) {
-            a0[u] = _mm256_add_pd(a0[u], _mm256_cvtepi32_pd(_mm256_castsi256_si128(ac[u])));
-            a1[u] = _mm256_add_pd(a1[u], _mm256_cvtepi32_pd(_mm256_extracti128_si256(ac[u], 1)));
-        }
-    }
-    for (int u = 0; u < NV; u++) {
-        _mm256_storeu_pd(acc + 8 * u, a0[u]);
-        _mm256_storeu_pd(acc + 8 * u + 4, a1[u]);
-    }
-}
 
-/* Lanes [j0, j0 + 8 nv) (j0 a multiple of 16) of row i for the block of klen products at kl (a multiple of k). */
-__attribute__((target("avx2,fma"))) static void pass12_avx2(const job_t *J, const float *af, const int32_t *ea,
-                                                           Py_ssize_t kl, Py_ssize_t j0, int nv, int klen,
-                                                           int32_t *emax, double *acc)
-{
-    const int k = J->p->k;
-    const Py_ssize_t npt = (J->N / 8 + 1) / 2;
-    const float *q = J->bf + ((kl / k) * npt + j0 / 16) * (Py_ssize_t)k * 24;
-    int v = 0;
-    for (; v + 4 <= nv; v += 4)
-        pass12_group(J->p, af, ea, q + (Py_ssize_t)(v / 2) * k * 24, klen, k, emax + 8 * v, acc + 8 * v, 4);
-    for (; v + 2 <= nv; v += 2)
-        pass12_group(J->p, af, ea, q + (Py_ssize_t)(v / 2) * k * 24, klen, k, emax + 8 * v, acc + 8 * v, 2);
-    if (v < nv)
-        pass12_group(J->p, af, ea, q + (Py_ssize_t)(v / 2) * k * 24, klen, k, emax + 8 * v, acc + 8 * v, 1);
-}
-
-#endif
-
-#if HAVE_AVX2_PATH
-/* Pass 0 of block_row (the same values) for lanes [0, n8), n8 a multiple of 8: per 8 lanes, the exponent
- * fields are taken from the doubles' high words in one int32 vector. Returns whether an addend is NaN/inf. */
-__attribute__((target("avx2,fma"))) static int pass0_avx2(const double *cin, int n8, int32_t floor_e,
-                                                         int32_t *emax, double *cf, double *cnf)
-{
-    const __m256i m11 = _mm256_set1_epi64x(0x7ff), z64 = _mm256_setzero_si256();
-    const __m256i e11 = _mm256_set1_epi32(0x7ff), z32 = _mm256_setzero_si256();
-    const __m256i bias = _mm256_set1_epi32(1023), lo = _mm256_set1_epi32(-126), fl = _mm256_set1_epi32(floor_e);
-    __m256i spec = _mm256_setzero_si256();
-    for (int j = 0; j < n8; j += 8) {
-        __m256d c0 = _mm256_loadu_pd(cin + j), c1 = _mm256_loadu_pd(cin + j + 4);
-        /* per double: non-finite (cnf) and finite non-zero (cf) */
-        __m256i f0 = _mm256_and_si256(_mm256_srli_epi64(_mm256_castpd_si256(c0), 52), m11);
-        __m256i f1 = _mm256_and_si256(_mm256_srli_epi64(_mm256_castpd_si256(c1), 52), m11);
-        __m256i n0 = _mm256_cmpeq_epi64(f0, m11), n1 = _mm256_cmpeq_epi64(f1, m11);
-        __m256i k0 = _mm256_or_si256(n0, _mm256_cmpeq_epi64(f0, z64)), k1 = _mm256_or_si256(n1, _mm256_cmpeq_epi64(f1, z64));
-        _mm256_storeu_pd(cnf + j, _mm256_and_pd(c0, _mm256_castsi256_pd(n0)));
-        _mm256_storeu_pd(cnf + j + 4, _mm256_and_pd(c1, _mm256_castsi256_pd(n1)));
-        _mm256_storeu_pd(cf + j, _mm256_andnot_pd(_mm256_castsi256_pd(k0), c0));
-        _mm256_storeu_pd(cf + j + 4, _mm256_andnot_pd(_mm256_castsi256_pd(k1), c1));
-        spec = _mm256_or_si256(spec, _mm256_or_si256(n0, n1));
-        /* the eight exponent fields in order: the high words of c0 then c1 */
-        __m256i hi = _mm256_castps_si256(_mm256_shuffle_ps(_mm256_castpd_ps(c0), _mm256_castpd_ps(c1), 0xdd));
-        hi = _mm256_permute4x64_epi64(hi, 0xd8);
-        __m256i ef = _mm256_and_si256(_mm256_srli_epi32(hi, 20), e11);
-        __m256i bad = _mm256_or_si256(_mm256_cmpeq_epi32(ef, e11), _mm256_cmpeq_epi32(ef, z32));
-        __m256i ec = _mm256_max_epi32(_mm256_max_epi32(_mm256_sub_epi32(ef, bias), lo), fl);
-        _mm256_storeu_si256((__m256i *)(emax + j), _mm256_blendv_epi8(ec, fl, bad));
-    }
-    return !_mm256_testz_si256(spec, spec);
-}
-#endif
 
 #if HAVE_AVX2_PATH
 /* Pass 3 for lanes [0, n4) (n4 a multiple of 4) where the AVX2 loop ran. y = (acc + qc) 2**L is exact in a
@@ -436,6 +313,176 @@ __attribute__((target("avx2,fma"))) static void finish_avx2(const int32_t *emax,
 }
 #endif
 
+
+#if HAVE_AVX2_PATH
+/* Pass 3 for a few lanes the general way (an output subnormal or an overflow: rare), out of line. */
+__attribute__((noinline)) static void finish_lanes(const int32_t *emax, const double *acc, const double *cf,
+                                                  double *cout, int n, const prm_t *p)
+{
+    if (p->rne)
+        finish(emax, acc, cf, cout, n, p, 1);
+    else
+        finish(emax, acc, cf, cout, n, p, 0);
+}
+
+/* One block of NV (1, 2 or 4) 8-lane vectors of one row, all passes, the values kept in registers between them
+ * (issue 30, second pass: the passes had been three loops through memory). Pass 0: the addend's exponent, as in
+ * block_row. Passes 1-2 in float32 (the caller checks the conditions): inputs of <= 12 significant bits and
+ * exponents in [-40, 40] (bfma_gemm checks both), so a*b is exact in float32 (<= 24 bits, >= 2**-102,
+ * < 2**82). Q_i = trunc(a b 2**(23 + neab - E_max)) is the integer loop's sign * (|m_a m_b| 2**G >> (E_max -
+ * E_i + c0)) (same value: both are the product truncated to the grid); the scale S is a power of two, so
+ * a*b*S is exact unless it is below 2**-126, and then < 1 and truncated to 0 either way. |Q_i| < 2**(25 +
+ * neab) <= 2**31, so vcvttps2dq (truncation) is exact; the int32 sums are widened every cs products as in the
+ * integer loop. Per product row: one broadcast of a, then per vector a load, two multiplies, a conversion and
+ * an add. q: the packed B of this block at the first pair of vectors (see pack_b): per pair of vectors, per
+ * product row l, 16 int16 exponents then 16 float32 values, so that the block's B for a group of lanes is one
+ * contiguous run. E_max is found in int16 lanes (16 outputs per instruction; the exponents of values fit, and
+ * the saturating add keeps the zeros' ZERO_EXP sums, now -32768, below any real exponent). Pass 3 as
+ * finish_avx2, per 4-lane chunk. cin/cout: the group's chain values (cout may be cin: each chunk is read
+ * before it is written, and the rare general rounding takes its inputs from registers). The group's
+ * non-finite addends go to cnf only when it has one (the caller keeps cnf zero otherwise); returns whether
+ * it had one. */
+__attribute__((target("avx2,fma"), always_inline)) static inline int
+fused_group(const prm_t *p, const float *af, const int32_t *ea, const float *q, int k, int kpk,
+            const double *cin, double *cout, double *cnf, const int NV)
+{
+    const int NP = (NV + 1) / 2; /* pairs */
+    const int cs = p->cs;
+    const int32_t floor_e = p->has_mel ? p->mel : ZERO_EXP * 4;
+    __m256i em[4], ac[4], eh[2];
+    __m256 sc[4];
+    __m256d a0[4], a1[4];
+    int anys = 0;
+    /* pass 0: E_c (the binary32 exponent of a finite non-zero addend), at least floor_e. A zero addend gets
+     * max(-126, floor_e) instead of floor_e alone, which changes nothing here: a non-zero product has E_i >= -80
+     * (the loop's range) and wins, and with none the sum is 0 either way; a non-finite one is redone. */
+    {
+        const __m256i e11 = _mm256_set1_epi32(0x7ff), bias = _mm256_set1_epi32(1023);
+        const __m256i lofl = _mm256_set1_epi32(floor_e > -126 ? floor_e : -126);
+        __m256i spec = _mm256_setzero_si256();
+        for (int u = 0; u < NV; u++) {
+            __m256d c0 = _mm256_loadu_pd(cin + 8 * u), c1 = _mm256_loadu_pd(cin + 8 * u + 4);
+            __m256i hi = _mm256_castps_si256(_mm256_shuffle_ps(_mm256_castpd_ps(c0), _mm256_castpd_ps(c1), 0xdd));
+            hi = _mm256_permute4x64_epi64(hi, 0xd8); /* the eight high words in lane order */
+            __m256i ef = _mm256_and_si256(_mm256_srli_epi32(hi, 20), e11);
+            em[u] = _mm256_max_epi32(_mm256_sub_epi32(ef, bias), lofl);
+            spec = _mm256_or_si256(spec, _mm256_cmpeq_epi32(ef, e11));
+        }
+        if (!_mm256_testz_si256(spec, spec)) { /* rare: record the group's non-finite addends */
+            for (int j = 0; j < 8 * NV; j++)
+                cnf[j] = isfinite(cin[j]) ? 0.0 : cin[j];
+            anys = 1;
+        }
+        for (int h = 0; h < NP; h++) /* int16 lanes in order (floor_e and -80000 saturate to -32768) */
+            eh[h] = _mm256_permute4x64_epi64(_mm256_packs_epi32(em[2 * h], NV > 1 ? em[2 * h + 1] : em[2 * h]), 0xd8);
+    }
+    /* pass 1: E_max = max(E_c or mel, ea + eb) */
+    for (int l = 0; l < k; l++) {
+        const __m256i e = _mm256_set1_epi16((int16_t)ea[l]);
+        for (int h = 0; h < NP; h++)
+            eh[h] = _mm256_max_epi16(eh[h], _mm256_adds_epi16(e, _mm256_loadu_si256((const __m256i *)(q + (h * kpk + l) * 24))));
+    }
+    {
+        const __m256i sbias = _mm256_set1_epi32(127 + 23 + p->neab);
+        const __m256i smax = _mm256_set1_epi32(254), smin = _mm256_set1_epi32(1);
+        for (int h = 0; h < NP; h++) /* only a block of zeros has E_max < -900 (sum 0 whatever L is): then L
+                                         * needs no clamp in pass 3 */
+            eh[h] = _mm256_max_epi16(eh[h], _mm256_set1_epi16(-900));
+        for (int u = 0; u < NV; u++) {
+            __m128i half = (u & 1) ? _mm256_extracti128_si256(eh[u / 2], 1) : _mm256_castsi256_si128(eh[u / 2]);
+            em[u] = _mm256_cvtepi16_epi32(half);
+            /* S = 2**(23 + neab - E_max), its float32 exponent field clamped to the normal range */
+            __m256i f = _mm256_sub_epi32(sbias, em[u]);
+            f = _mm256_min_epi32(_mm256_max_epi32(f, smin), smax);
+            sc[u] = _mm256_castsi256_ps(_mm256_slli_epi32(f, 23));
+            a0[u] = a1[u] = _mm256_setzero_pd();
+        }
+    }
+    /* pass 2: the truncated products, summed exactly (int32 chunks of cs, then doubles) */
+    for (int l0 = 0; l0 < k; l0 += cs) {
+        const int l1 = l0 + cs < k ? l0 + cs : k;
+        for (int u = 0; u < NV; u++)
+            ac[u] = _mm256_setzero_si256();
+        for (int l = l0; l < l1; l++) {
+            const __m256 a = _mm256_set1_ps(af[l]);
+            for (int u = 0; u < NV; u++) {
+                __m256 b = _mm256_loadu_ps(q + ((u / 2) * kpk + l) * 24 + 8 + 8 * (u & 1));
+                __m256 pr = _mm256_mul_ps(_mm256_mul_ps(a, b), sc[u]);
+                ac[u] = _mm256_add_epi32(ac[u], _mm256_cvttps_epi32(pr));
+            }
+        }
+        for (int u = 0; u < NV; u++) {
+            __m256d x0 = _mm256_cvtepi32_pd(_mm256_castsi256_si128(ac[u]));
+            __m256d x1 = _mm256_cvtepi32_pd(_mm256_extracti128_si256(ac[u], 1));
+            a0[u] = _mm256_add_pd(a0[u], x0);
+            a1[u] = _mm256_add_pd(a1[u], x1);
+        }
+    }
+    /* pass 3 (as finish_avx2): add the truncated addend, round by a mask where the result is a normal number
+     * of the output format; a 4-lane chunk with another case is redone by finish() */
+    {
+        const int drop = 52 - p->mb;
+        const __m128i sh0 = _mm_set1_epi32(23 + p->neab);
+        const __m256i bias = _mm256_set1_epi64x(1023), absm = _mm256_set1_epi64x(0x7fffffffffffffffLL);
+        const __m256i keep = _mm256_set1_epi64x((int64_t)(~((1ULL << drop) - 1)));
+        const __m256i halfm1 = _mm256_set1_epi64x((int64_t)((1ULL << (drop - 1)) - 1)), one = _mm256_set1_epi64x(1);
+        const __m256i bigm1 = _mm256_set1_epi64x((int64_t)d2bits(pow2v(p->emax_out + 1)) - 1);
+        const __m256i small = _mm256_set1_epi64x((int64_t)d2bits(pow2v(p->emin_out)) - 1);
+        const __m256i zero = _mm256_setzero_si256();
+        for (int u = 0; u < NV; u++)
+            for (int hh = 0; hh < 2; hh++) {
+                const int j = 8 * u + 4 * hh;
+                __m128i e32 = hh ? _mm256_extracti128_si256(em[u], 1) : _mm256_castsi256_si128(em[u]);
+                __m256i L = _mm256_cvtepi32_epi64(_mm_sub_epi32(e32, sh0)); /* in [-1000, 1000]: E_max >= -900 */
+                __m256d pL = _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_add_epi64(L, bias), 52));
+                __m256d pnL = _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_sub_epi64(bias, L), 52));
+                /* the addend as it is: a zero gives qc = 0, and a lane with a non-finite addend is redone by the
+                 * caller (block_special), so its value here does not matter */
+                __m256d cf = _mm256_loadu_pd(cin + j);
+                __m256d acc = hh ? a1[u] : a0[u];
+                __m256d qc = _mm256_round_pd(_mm256_mul_pd(cf, pnL), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+                __m256i yb = _mm256_castpd_si256(_mm256_mul_pd(_mm256_add_pd(acc, qc), pL));
+                __m256i ay = _mm256_and_si256(yb, absm);
+                __m256i rb = p->rne ? _mm256_add_epi64(yb, _mm256_add_epi64(halfm1, _mm256_and_si256(_mm256_srli_epi64(yb, drop), one)))
+                                    : yb;
+                rb = _mm256_and_si256(rb, keep);
+                __m256i ok = _mm256_or_si256(_mm256_cmpeq_epi64(ay, zero), _mm256_cmpgt_epi64(ay, small));
+                ok = _mm256_andnot_si256(_mm256_cmpgt_epi64(_mm256_and_si256(rb, absm), bigm1), ok);
+                if (__builtin_expect(_mm256_movemask_pd(_mm256_castsi256_pd(ok)) == 0xf, 1)) {
+                    _mm256_storeu_pd(cout + j, _mm256_castsi256_pd(rb));
+                } else { /* rare: this chunk the general way, from the register values */
+                    int32_t et[4];
+                    double at[4], ct[4];
+                    _mm_storeu_si128((__m128i *)et, e32);
+                    _mm256_storeu_pd(at, acc);
+                    _mm256_storeu_pd(ct, cf);
+                    finish_lanes(et, at, ct, cout + j, 4, p);
+                }
+            }
+    }
+    return anys;
+}
+
+/* Lanes [j0, j0 + 8 nv) (j0 a multiple of 16) of row i, the block of klen products at kl (a multiple of k),
+ * all passes (fused_group). Returns whether an addend was non-finite (cnf as fused_group). */
+__attribute__((target("avx2,fma"))) static int fused_avx2(const job_t *J, const float *af, const int32_t *ea,
+                                                         Py_ssize_t kl, Py_ssize_t j0, int nv, int klen,
+                                                         const double *cin, double *cout, double *cnf)
+{
+    const int k = J->p->k;
+    const Py_ssize_t npt = (J->N / 8 + 1) / 2;
+    const float *q = J->bf + ((kl / k) * npt + j0 / 16) * (Py_ssize_t)k * 24;
+    int v = 0, s = 0;
+    for (; v + 4 <= nv; v += 4)
+        s |= fused_group(J->p, af, ea, q + (Py_ssize_t)(v / 2) * k * 24, klen, k, cin + 8 * v, cout + 8 * v, cnf + 8 * v, 4);
+    for (; v + 2 <= nv; v += 2)
+        s |= fused_group(J->p, af, ea, q + (Py_ssize_t)(v / 2) * k * 24, klen, k, cin + 8 * v, cout + 8 * v, cnf + 8 * v, 2);
+    if (v < nv)
+        s |= fused_group(J->p, af, ea, q + (Py_ssize_t)(v / 2) * k * 24, klen, k, cin + 8 * v, cout + 8 * v, cnf + 8 * v, 1);
+    return s;
+}
+#endif
+
 /* One block of k products for row i and lanes [j0, j0+nt): cout[j] := BFMA(products, addend cin[j]).
  * cnf[j] receives the non-finite addends (0 elsewhere); returns whether there was one. cout may be cin.
  * Pass 3 works in doubles that hold integers exactly (|S| < 2**51): the sum, its exponent (from its bits),
@@ -451,15 +498,18 @@ CLONES static int block_row(const job_t *J, Py_ssize_t i, Py_ssize_t j0, int nt,
     double cf[NT_MAX];
     const int32_t floor_e = p->has_mel ? p->mel : ZERO_EXP * 4;
     int anyspec = 0;
-    /* pass 0: the addend's binary32 exponent (chain values are never double subnormals) */
-    int j00 = 0;
+    const int32_t *ma = J->ma + i * J->kr + kl;
+    const int32_t *ea = J->ea + i * J->kr + kl;
+    int jlo = 0; /* lanes [0, jlo) done by the fused AVX2 loop, the rest by the integer loop below */
 #if HAVE_AVX2_PATH
-    if (J->af) {
-        j00 = nt & ~7;
-        anyspec = pass0_avx2(cin, j00, floor_e, emax, cf, cnf);
+    if (J->af && !J->rowwise) {
+        jlo = nt & ~7;
+        if (jlo) /* k: klen here */
+            anyspec = fused_avx2(J, J->af + i * J->kr + kl, ea, kl, j0, jlo / 8, k, cin, cout, cnf);
     }
 #endif
-    for (int j = j00; j < nt; j++) {
+    /* pass 0: the addend's binary32 exponent (chain values are never double subnormals) */
+    for (int j = jlo; j < nt; j++) {
         double c = cin[j];
         uint64_t bits = d2bits(c);
         int32_t ef = (int32_t)((bits >> 52) & 0x7ff);
@@ -472,8 +522,6 @@ CLONES static int block_row(const job_t *J, Py_ssize_t i, Py_ssize_t j0, int nt,
         int32_t em = fin ? ec : ZERO_EXP * 4;
         emax[j] = em > floor_e ? em : floor_e;
     }
-    const int32_t *ma = J->ma + i * J->kr + kl;
-    const int32_t *ea = J->ea + i * J->kr + kl;
     if (J->rowwise) { /* dot: both factors per lane */
         for (int l = 0; l < k; l++) {
             const int32_t *eal = J->ea + (kl + l) * J->N + j0;
@@ -506,14 +554,6 @@ CLONES static int block_row(const job_t *J, Py_ssize_t i, Py_ssize_t j0, int nt,
         }
         goto pass3;
     }
-    int jlo = 0; /* lanes [0, jlo) done by the AVX2 loop, the rest by the integer loop below */
-#if HAVE_AVX2_PATH
-    if (J->af) {
-        jlo = nt & ~7;
-        if (jlo)
-            pass12_avx2(J, J->af + i * J->kr + kl, ea, kl, j0, jlo / 8, k, emax, acc); /* k: klen here */
-    }
-#endif
     /* pass 1: E_max */
     for (int l = 0; l < k; l++) {
         const int32_t eai = ea[l];
@@ -548,12 +588,12 @@ CLONES static int block_row(const job_t *J, Py_ssize_t i, Py_ssize_t j0, int nt,
     }
 pass3:;
     /* pass 3: add the truncated addend, round to mb bits, store */
-    int jf = 0;
+    int jf = jlo;
 #if HAVE_AVX2_PATH
     if (J->af) {
         jf = nt & ~3;
-        if (jf)
-            finish_avx2(emax, acc, cf, cout, jf, p);
+        if (jf > jlo)
+            finish_avx2(emax + jlo, acc + jlo, cf + jlo, cout + jlo, jf - jlo, p);
     }
 #endif
     if (p->rne)
@@ -587,7 +627,7 @@ static void run_tile(const job_t *JB, Py_ssize_t t)
     const int k = p->k, ki = k * p->nblk;
     double cnf[NT_MAX], zero[NT_MAX], blk[NT_MAX];
     for (int j = 0; j < nt; j++)
-        zero[j] = 0.0;
+        zero[j] = cnf[j] = 0.0; /* cnf stays zero between blocks (the AVX2 loop writes it only for specials) */
     for (Py_ssize_t kl = 0; kl < J->kr; kl += ki) {
         /* special value bookkeeping: does a column block (or, in dot mode, an A block) of this tile hold a
          * NaN/inf? Only then are the lanes scanned one by one (block_special). */
@@ -624,6 +664,9 @@ static void run_tile(const job_t *JB, Py_ssize_t t)
                                 cout[j] = v;
                         }
                     }
+                    if (cspec)
+                        for (int j = 0; j < nt; j++)
+                            cnf[j] = 0.0;
                 }
                 cin = cout;
             }
@@ -778,6 +821,46 @@ static void *prep_worker(void *arg)
     return NULL;
 }
 
+/* float32 -> float64 (exact) */
+CLONES static void widen(const void *src, Py_ssize_t n, double *dst)
+{
+    const float *x = (const float *)src;
+    for (Py_ssize_t i = 0; i < n; i++)
+        dst[i] = (double)x[i];
+}
+
+/* One cached work buffer for bfma_gemm, reused from call to call so that a run of GEMMs does not fault in and
+ * clear fresh pages every time (10 MiB at 512^2). Taken and given back with the GIL held; a call that finds it
+ * taken (another thread inside bfma_gemm) or needs more than ARENA_MAX bytes gets a buffer of its own. */
+#define ARENA_MAX ((size_t)48 << 20)
+static char *arena_buf = NULL;
+static size_t arena_size = 0;
+static int arena_busy = 0;
+
+static char *arena_take(size_t n)
+{
+    if (arena_busy || n > ARENA_MAX)
+        return malloc(n ? n : 1);
+    if (arena_size < n) {
+        free(arena_buf);
+        arena_size = 0;
+        arena_buf = malloc(n);
+        if (!arena_buf)
+            return NULL;
+        arena_size = n;
+    }
+    arena_busy = 1;
+    return arena_buf;
+}
+
+static void arena_give(char *b)
+{
+    if (b && b == arena_buf)
+        arena_busy = 0;
+    else
+        free(b);
+}
+
 static PyObject *bfma_gemm(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -795,10 +878,12 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
     if (rowwise && (M != 1 || nbatch != 1))
         why = "dot mode needs M = 1 and one batch entry (A is Kp x N)";
     else if (M < 0 || N < 0 || Kp < 0 || nbatch < 1 ||
-             A.len != (Py_ssize_t)sizeof(double) * nbatch * (rowwise ? N : M) * Kp ||
-             B.len != (Py_ssize_t)sizeof(double) * nbatch * Kp * N ||
+             (A.len != (Py_ssize_t)sizeof(double) * nbatch * (rowwise ? N : M) * Kp &&
+              A.len != (Py_ssize_t)sizeof(float) * nbatch * (rowwise ? N : M) * Kp) ||
+             (B.len != (Py_ssize_t)sizeof(double) * nbatch * Kp * N &&
+              B.len != (Py_ssize_t)sizeof(float) * nbatch * Kp * N) ||
              D.len != (Py_ssize_t)sizeof(double) * nbatch * M * N)
-        why = "buffer sizes do not match nbatch, M, N, Kp (float64, C order)";
+        why = "buffer sizes do not match nbatch, M, N, Kp (A and B float64 or float32, D float64, C order)";
     else if (p.k < 1 || p.k > 4096 || (p.nblk != 1 && p.nblk != 2) || k0 < 0 || k1 > Kp || k0 > k1 ||
              k0 % ki || (p.nblk == 2 && (Kp % ki || k1 % ki)) || (k1 % ki && k1 != Kp))
         why = "bad block size or K range";
@@ -824,45 +909,71 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
         PyBuffer_Release(&A); PyBuffer_Release(&B); PyBuffer_Release(&D);
         Py_RETURN_NONE;
     }
+    /* The buffers (decomposed inputs, NaN/inf flags, the AVX2 loop's float32 copies) in one block: the
+     * module's cached one where free and large enough (taken and given back under the GIL), else a fresh one. */
+    Py_ssize_t na = rowwise ? kr * N : M * kr;
+    const int want_f32 = !rowwise && p.mbits_in <= 11 && (NT % 16 == 0 || N <= NT) && use_avx2();
+    /* float32 operands (the training runtime's values) are widened into the work buffer here, which saves
+     * the caller a float64 copy of its own (an allocation and fresh pages per call) */
+    const Py_ssize_t nA = nbatch * (rowwise ? N : M) * Kp, nB = nbatch * Kp * N;
+    const int a32 = A.len != (Py_ssize_t)sizeof(double) * nA, b32 = B.len != (Py_ssize_t)sizeof(double) * nB;
+    size_t off[11];
+    {
+        size_t sz[10] = {sizeof(int32_t) * (size_t)(na * nbatch), sizeof(int32_t) * (size_t)(na * nbatch),
+                        sizeof(int32_t) * (size_t)(kr * N * nbatch), sizeof(int32_t) * (size_t)(kr * N * nbatch),
+                        (size_t)((rowwise ? nb * N : M * nb) * nbatch), (size_t)(nb * N * nbatch),
+                        want_f32 ? sizeof(float) * (size_t)(M * kr * nbatch) : 0,
+                        want_f32 ? sizeof(float) * (size_t)(packed_b_size(kr, N, p.k) * nbatch + 1) : 0,
+                         a32 ? sizeof(double) * (size_t)nA : 0, b32 ? sizeof(double) * (size_t)nB : 0};
+        off[0] = 0;
+        for (int t = 0; t < 10; t++)
+            off[t + 1] = off[t] + ((sz[t] + 63) & ~(size_t)63);
+    }
+    char *buf = arena_take(off[10]);
     Py_BEGIN_ALLOW_THREADS
     int caller_mode = fegetround(); /* the rounding steps assume round to nearest; threads inherit it */
     fesetround(FE_TONEAREST);
-    Py_ssize_t na = rowwise ? kr * N : M * kr;
     float *af32 = NULL, *bf32 = NULL;
-    int32_t *ma = malloc(sizeof(int32_t) * (size_t)(na * nbatch)), *ea = malloc(sizeof(int32_t) * (size_t)(na * nbatch));
-    int32_t *mbv = malloc(sizeof(int32_t) * (size_t)(kr * N * nbatch));
-    int32_t *eb = malloc(sizeof(int32_t) * (size_t)(kr * N * nbatch));
-    uint8_t *fa = calloc((size_t)((rowwise ? nb * N : M * nb) * nbatch), 1), *fb = calloc((size_t)(nb * N * nbatch), 1);
-    if (!ma || !ea || !mbv || !eb || !fa || !fb) {
+    const double *Ad = (const double *)A.buf, *Bd = (const double *)B.buf;
+    int32_t *ma = NULL, *ea = NULL, *mbv = NULL, *eb = NULL;
+    uint8_t *fa = NULL, *fb = NULL;
+    if (!buf) {
         err = 1;
     } else {
-        /* The AVX2 loop where its conditions hold (see pass12_avx2; tiles start at pairs of vectors) */
-        if (!rowwise && p.mbits_in <= 11 && (NT % 16 == 0 || N <= NT) && use_avx2()) {
-            af32 = malloc(sizeof(float) * (size_t)(M * kr * nbatch));
-            bf32 = malloc(sizeof(float) * (size_t)(packed_b_size(kr, N, p.k) * nbatch) + 1);
-            if (!af32 || !bf32) { /* then the integer loop (the same bits) */
-                free(af32); free(bf32);
-                af32 = bf32 = NULL;
-            }
+        ma = (int32_t *)(buf + off[0]); ea = (int32_t *)(buf + off[1]);
+        mbv = (int32_t *)(buf + off[2]); eb = (int32_t *)(buf + off[3]);
+        fa = (uint8_t *)(buf + off[4]); fb = (uint8_t *)(buf + off[5]);
+        memset(fa, 0, off[6] - off[4]);
+        if (a32) {
+            double *w = (double *)(buf + off[8]);
+            widen(A.buf, nA, w);
+            Ad = w;
+        }
+        if (b32) {
+            double *w = (double *)(buf + off[9]);
+            widen(B.buf, nB, w);
+            Bd = w;
+        }
+        if (want_f32) { /* the AVX2 loop where its conditions hold (see fused_group; tiles start at pairs of vectors) */
+            af32 = (float *)(buf + off[6]);
+            bf32 = (float *)(buf + off[7]);
         }
         if (!rowwise) {
             prep_t pj[64];
             int np = clamp_threads(nthreads, M > nb ? M : nb);
             for (int t = 0; t < np; t++) {
-                pj[t] = (prep_t){(const double *)A.buf, (const double *)B.buf, ma, ea, mbv, eb, fa, fb, af32, bf32,
+                pj[t] = (prep_t){Ad, Bd, ma, ea, mbv, eb, fa, fb, af32, bf32,
                                  M, N, Kp, k0, kr, nb, nbatch, &p, np, t, 0};
             }
             run_jobs(pj, sizeof pj[0], np, prep_worker);
             int bad = 0;
             for (int t = 0; t < np; t++)
                 bad |= pj[t].bad;
-            if (bad) { /* an exponent out of the AVX2 loop's range: the integer loop (the same bits) */
-                free(af32); free(bf32);
+            if (bad) /* an exponent out of the AVX2 loop's range: the integer loop (the same bits) */
                 af32 = bf32 = NULL;
-            }
         }
       for (Py_ssize_t bt = 0; bt < nbatch && rowwise; bt++) { /* dot mode: A is Kp x N like B */
-        const double *a = (const double *)A.buf, *b = (const double *)B.buf;
+        const double *a = Ad, *b = Bd;
         int32_t *ma_ = ma, *ea_ = ea, *mbv_ = mbv, *eb_ = eb;
         uint8_t *fa_ = fa, *fb_ = fb;
         decompose(a + k0 * N, kr * N, p.mbits_in, p.emin_in, p.G, ma_, ea_);
@@ -879,7 +990,7 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
         job_t base;
         base.ma = ma; base.ea = ea; base.mbv = mbv; base.eb = eb;
         base.af = af32; base.bf = bf32;
-        base.A = (const double *)A.buf; base.B = (const double *)B.buf;
+        base.A = Ad; base.B = Bd;
         base.fa = fa; base.fb = fb; base.D = (double *)D.buf;
         base.M = M; base.N = N; base.Kp = Kp; base.k0 = k0; base.kr = kr; base.nb = nb;
         base.MT = MT; base.NT = NT; base.p = &p; base.rowwise = rowwise;
@@ -896,9 +1007,9 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
         }
         run_jobs(jobs, sizeof jobs[0], nthreads, worker);
     }
-    free(ma); free(ea); free(mbv); free(eb); free(fa); free(fb); free(af32); free(bf32);
     fesetround(caller_mode);
     Py_END_ALLOW_THREADS
+    arena_give(buf);
     PyBuffer_Release(&A); PyBuffer_Release(&B); PyBuffer_Release(&D);
     if (err)
         return PyErr_NoMemory();
@@ -1106,7 +1217,8 @@ static PyObject *generic_gemm(PyObject *self, PyObject *args)
 static PyMethodDef methods[] = {
     {"bfma_gemm", bfma_gemm, METH_VARARGS,
      "bfma_gemm(A, B, D, M, N, Kp, k0, k1, params, nthreads, MT, NT, rowwise, nbatch): chain D (nbatch x M x N "
-     "float64, in place) through the BFMA blocks of A[:, :, k0:k1] @ B[:, k0:k1, :] (float64, C order); "
+     "float64, in place) through the BFMA blocks of A[:, :, k0:k1] @ B[:, k0:k1, :] (float64 or float32 each, told "
+     "apart by the buffer's size; C order); "
      "rowwise: M = 1, nbatch = 1, A is Kp x N and D[j] chains sum_k A[k, j] * B[k, j] (dot)."},
     {"impl", impl, METH_VARARGS,
      "impl([name]): the previous choice of the block-FMA GEMM's inner loop, then sets it to name if given: 'auto' "
@@ -1122,4 +1234,13 @@ static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_cgemm",
                                     "Compiled block-FMA and generic GEMMs (see fpsim/mma/gemm.py).", -1, methods,
                                     NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__cgemm(void) { return PyModule_Create(&moddef); }
+PyMODINIT_FUNC PyInit__cgemm(void)
+{
+    PyObject *m = PyModule_Create(&moddef);
+    /* bfma_gemm takes float32 operands (and widens them itself): fpsim/mma/gemm.py passes them only then */
+    if (m && PyModule_AddIntConstant(m, "FLOAT32_OPERANDS", 1) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -188,3 +188,146 @@ def test_impl_switch() -> None:
     finally:
         C.impl(old)
     assert C.impl() == old
+
+
+# The fused AVX2 block (issue 30, second pass): passes 0-3 per group of 8, 16 or 32 lanes in registers, the
+# chain value rounded in place, non-finite addends recorded only for the groups that hold one, the general
+# rounding redone per 4-lane chunk from register values, and one cached work buffer reused across calls.
+FUSED_SPECS = ["h100:fp16", "h100:fp16:fp16", "h100:fp8_e4m3", "h100:fp8_e4m3:fp16", "a100:bf16",
+               "ada:fp8_e5m2:fp16", "v100:fp16:fp16", "h100:tf32"]
+
+
+@pytest.mark.parametrize("spec", FUSED_SPECS)
+def test_fused_groups_tails_and_odd_rows(spec: str) -> None:
+    """Every group shape (1, 2 and 4 vectors, and their sums), lane tails, odd M, K tails, RZ and RNE presets."""
+    m = fpsim.mma.as_model(spec)
+    rng = np.random.default_rng(3031)
+    ki = m.instruction_k
+    for mm, kk, nn in ((1, ki, 8), (3, 2 * ki + 1, 16), (5, ki - 1, 24), (7, 3 * ki + 5, 56), (9, 2 * ki, 120),
+                       (3, ki + 7, 131), (2, 5 * ki + 3, 136)):
+        a = _values(rng, (mm, kk), m.input, 6)
+        b = _values(rng, (kk, nn), m.input, 6)
+        c = rng.standard_normal((mm, nn)) * np.exp2(rng.integers(-8, 9, (mm, nn)))
+        assert_all_same(lambda: fpsim.matmul(a, b, c, model=m))
+
+
+@pytest.mark.parametrize("spec", FUSED_SPECS)
+def test_fused_special_addends_in_some_groups(spec: str) -> None:
+    """NaN/inf addends in one lane of one group (the other groups of the row finite), in place over K blocks;
+    a row of infinities of both signs, and an inf product meeting an inf addend of the other sign."""
+    m = fpsim.mma.as_model(spec)
+    rng = np.random.default_rng(3032)
+    ki = m.instruction_k
+    mm, kk, nn = 5, 3 * ki + 2, 100  # 96 lanes in groups (4, 4, 4 vectors) and a 4-lane tail
+    a = _values(rng, (mm, kk), m.input, 4)
+    b = _values(rng, (kk, nn), m.input, 4)
+    c = rng.standard_normal((mm, nn))
+    c[0, 3] = np.nan
+    c[1, 40] = np.inf
+    c[2, 95] = -np.inf
+    c[3, 97] = np.nan
+    c[4, ::7] = np.inf * rng.choice([-1, 1], c[4, ::7].shape)
+    assert_all_same(lambda: fpsim.matmul(a, b, c, model=m))
+    a2 = a.copy()
+    a2[1, 0] = np.inf
+    b2 = b.copy()
+    b2[0, 40] = 1.0
+    c2 = c.copy()
+    c2[1, 40] = -np.inf  # inf product + -inf addend: NaN
+    assert_all_same(lambda: fpsim.matmul(a2, b2, c2, model=m))
+
+
+@pytest.mark.parametrize("spec", FUSED_SPECS)
+def test_fused_general_rounding_in_some_chunks(spec: str) -> None:
+    """Subnormal and overflowing results in single 4-lane chunks among normal ones (the chunk is redone the
+    general way from register values while the chain is rounded in place), with and without an addend."""
+    m = fpsim.mma.as_model(spec)
+    out = m.output
+    rng = np.random.default_rng(3033)
+    ki = m.instruction_k
+    mm, kk, nn = 4, 2 * ki + 3, 72
+    a = _values(rng, (mm, kk), m.input, 2)
+    b = _values(rng, (kk, nn), m.input, 2)
+    c = rng.standard_normal((mm, nn))
+    sub = rng.integers(1, 2**out.mbits, 6) * 2.0 ** (out.emin - out.mbits)
+    b[:, 5] = 0.0
+    c[0, 5] = sub[0]  # a subnormal result in the first chunk
+    b[:, 33] = 0.0
+    c[1, 33] = -sub[1]
+    c[2, 70] = out.max  # overflow candidates
+    c[3, 12] = -out.max
+    assert_all_same(lambda: fpsim.matmul(a, b, c, model=m))
+    big = np.full((mm, kk), m.input.max)
+    big[:, 1::2] = 1.0
+    assert_all_same(lambda: fpsim.matmul(big, np.abs(b) + 1.0, model=m))
+    s = 2.0 ** ((out.emin - 4) // 2)
+    assert_all_same(lambda: fpsim.matmul(a * s, b * s, c * 2.0**out.emin, model=m))
+
+
+def test_work_buffer_reused_across_sizes_and_threads() -> None:
+    """The cached work buffer: calls of growing and shrinking sizes, and two Python threads calling at once
+    (one of them gets a buffer of its own), all give the NumPy reference's bits."""
+    import threading
+
+    m = get_model("h100", "fp16")
+    rng = np.random.default_rng(3034)
+    cases = []
+    for mm, kk, nn in ((40, 64, 48), (8, 16, 8), (70, 200, 130), (3, 17, 24), (40, 64, 48)):
+        cases.append((rng.standard_normal((mm, kk)), rng.standard_normal((kk, nn)), rng.standard_normal((mm, nn))))
+    old = G.use_c_gemm
+    try:
+        G.use_c_gemm = False
+        refs = [_bits(fpsim.matmul(a, b, c, model=m)) for a, b, c in cases]
+    finally:
+        G.use_c_gemm = old
+    for (a, b, c), ref in zip(cases, refs):
+        assert np.array_equal(_bits(fpsim.matmul(a, b, c, model=m)), ref)
+    got: dict[int, list[np.ndarray]] = {0: [], 1: []}
+
+    def run(t: int) -> None:
+        for _ in range(3):
+            for a, b, c in cases:
+                got[t].append(_bits(fpsim.matmul(a, b, c, model=m)))
+
+    ths = [threading.Thread(target=run, args=(t,)) for t in (0, 1)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join()
+    for t in (0, 1):
+        assert len(got[t]) == 3 * len(cases)
+        for n, g in enumerate(got[t]):
+            assert np.array_equal(g, refs[n % len(cases)]), f"thread {t}, call {n}"
+
+
+@pytest.mark.parametrize("spec", ["h100:fp16", "h100:fp8_e4m3:fp16", "a100:bf16", "v100:fp16:fp16"])
+def test_float32_operands_widened_in_the_kernel(spec: str) -> None:
+    """float32 operands (the training runtime's values) go to the kernel as they are and are widened there:
+    the same bits as float64 operands and as the NumPy reference, on every loop and thread count, each operand
+    float32 or float64, with a batch, a K tail and NaN/inf (inf only where the format has one: these are values
+    of the format, which _matmul_values takes as they are)."""
+    m = fpsim.mma.as_model(spec)
+    rng = np.random.default_rng(3035)
+    ki = m.instruction_k
+    # values of the input format, as the runtime passes them (_matmul_values does not round its inputs)
+    a = np.asarray(G.convert_inputs(_values(rng, (3, 6, 2 * ki + 3), m.input, 5), m.input, None, "A"))
+    b = np.asarray(G.convert_inputs(_values(rng, (2 * ki + 3, 40), m.input, 5), m.b_format, None, "B"))
+    a[0, 1, 2] = np.nan
+    b[3, 7] = -np.inf if np.isinf(float(G.convert_inputs(np.array([np.inf]), m.b_format, None, "B")[0])) else np.nan
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    ref = fpsim.matmul(a, b, model=m)
+    for x, y in ((a32, b32), (a32, b), (a, b32)):
+        assert_all_same(lambda: G._matmul_values(x.astype(np.float32), y.astype(np.float32), None, m))
+        got = G._matmul_values(np.asarray(x, dtype=np.float32), np.asarray(y, dtype=np.float32), None, m)
+        assert np.array_equal(_bits(got), _bits(np.asarray(ref, dtype=np.float32)))
+    kern = G._c_kernel(m)
+    if kern is None or kern.order is not None:
+        return
+    kk = a.shape[-1]
+    for x, y in ((a32, b32), (a32, b), (a, b32)):
+        d = np.zeros((3, 6, 40))
+        C.bfma_gemm(np.ascontiguousarray(x), np.ascontiguousarray(np.broadcast_to(y, (3, kk, 40))), d, 6, 40, kk,
+                    0, kk, kern.params, 2, 4, 32, 0, 3)
+        assert np.array_equal(_bits(d), _bits(ref))
+    with pytest.raises(ValueError, match="float32"):
+        C.bfma_gemm(a32[:, :, :-1].copy(), b, np.zeros((3, 6, 40)), 6, 40, kk, 0, kk, kern.params, 1, 4, 32, 0, 3)

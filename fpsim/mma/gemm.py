@@ -17,7 +17,9 @@ Units that describe a compiled kernel (the NVIDIA block FMA; the generic chains,
 GIL released; threads per :data:`fpsim.rounding.max_threads`) when it was built at install; it gives the same
 bits as the units' NumPy references, which stay as the reference and the fallback
 (``fpsim.mma.gemm.use_c_gemm = False`` forces them; tests/test_cgemm.py checks the two against each other on
-every NVIDIA preset). Promotion and scales are applied in NumPy on the kernel's partial sums.
+every NVIDIA preset). Promotion and scales are applied in NumPy on the kernel's partial sums. The block-FMA
+kernel keeps one work buffer between calls (at most 48 MiB, about 26 bytes per element of A and B: square
+GEMMs up to about 1400 x 1400), so that a run of GEMMs does not fault in fresh pages for each.
 
 What is *not* modelled: the order a real GEMM library (cuBLAS, CUTLASS) splits K across MMA instructions,
 warps and split-K partitions. Here every output is one chain of blocks in increasing K order.
@@ -618,9 +620,12 @@ def _c_matmul2d(a: np.ndarray, b: np.ndarray, c: np.ndarray, kern: BFMAKernel,
     # The kernel takes a last, partial block as it is (its missing products are zeros, which never win E_max);
     # a reordered K (the mod-4 grouping) and the promotion groups are padded with zeros as in the NumPy path.
     kp = kk if (kern.order is None and promote_every is None) else kk + (-kk) % step
-    if kp == kk:
-        ap = np.ascontiguousarray(a, dtype=np.float64)
-        bp = np.ascontiguousarray(b, dtype=np.float64)
+    ap: np.ndarray
+    bp: np.ndarray
+    if kp == kk:  # float32 operands (the training runtime's) go as they are where the kernel widens them
+        f32 = getattr(_cgemm, "FLOAT32_OPERANDS", 0)
+        ap = np.ascontiguousarray(a, dtype=np.float32 if f32 and a.dtype == np.float32 else np.float64)
+        bp = np.ascontiguousarray(b, dtype=np.float32 if f32 and b.dtype == np.float32 else np.float64)
     else:
         ap = np.zeros((nbt, mm, kp))
         ap[:, :, :kk] = a
