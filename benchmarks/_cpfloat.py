@@ -108,7 +108,7 @@ int fpsim_cpf_round(float *X, const float *A, size_t n, unsigned int precision, 
   o.subnormal = CPFLOAT_SUBN_USE;
   o.explim = CPFLOAT_EXPRANGE_TARG;
   o.round = (cpfloat_rounding_t)round;
-  o.flip = CPFLOAT_NO_SOFTERR;
+  o.flip = 0; /* no soft errors: CPFLOAT_NO_SOFTERR in older CPFloat, CPFLOAT_SOFTERR_NO in newer (both 0) */
   o.p = 0;
   o.bitseed = &fpsim_bitstate;
   o.randseedf = &fpsim_randstate;
