@@ -258,7 +258,7 @@ def outcome(data: bytes, path: str, ref: Trainer) -> str:
 # ------------------------------------------------------------------ item 7: damaged files
 
 def _fuzz(small_ckpt: tuple[str, Trainer], tmp: str, every: int, bits: tuple[int, ...], cut_every: int,
-          cd_every: int) -> dict[str, int]:
+          cd_every: int, shard: int = 0, shards: int = 1) -> dict[str, int]:
     path, ref = small_ckpt
     with open(path, "rb") as f:
         good = f.read()
@@ -270,7 +270,7 @@ def _fuzz(small_ckpt: tuple[str, Trainer], tmp: str, every: int, bits: tuple[int
     pos = sorted(set(range(0, len(good), every)) | set(range(cd, len(good), cd_every)))
     cases = [good[:i] + bytes([good[i] ^ (1 << b)]) + good[i + 1:] for i in pos for b in bits]
     cases += [good[:n] for n in range(0, len(good), cut_every)]
-    for data in cases:
+    for data in cases[shard::shards]:
         r = outcome(data, target, ref)
         counts[r] = counts.get(r, 0) + 1
     return counts
@@ -285,8 +285,11 @@ def test_fuzz_bit_flips_and_truncations(small_ckpt: tuple[str, Trainer], tmp_pat
 
 
 @pytest.mark.slow
-def test_fuzz_exhaustive(small_ckpt: tuple[str, Trainer], tmp_path: Any) -> None:
-    counts = _fuzz(small_ckpt, str(tmp_path), every=29, bits=tuple(range(8)), cut_every=7, cd_every=2)
+@pytest.mark.parametrize("shard", range(8))
+def test_fuzz_exhaustive(small_ckpt: tuple[str, Trainer], tmp_path: Any, shard: int) -> None:
+    # in eight shards (every eighth case each): minutes in one test held one xdist worker alone at the end
+    counts = _fuzz(small_ckpt, str(tmp_path), every=29, bits=tuple(range(8)), cut_every=7, cd_every=2,
+                   shard=shard, shards=8)
     assert set(counts) <= {"ok", "error"}, counts
 
 
