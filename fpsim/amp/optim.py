@@ -233,15 +233,34 @@ class AdamW:
                 g = -g
             m = self.state.get(f"m.{k}")
             v = self.state.get(f"v.{k}")
-            m = (_F32(1) - b1) * g if m is None else b1 * m + (_F32(1) - b1) * g
-            v = (_F32(1) - b2) * g * g if v is None else b2 * v + (_F32(1) - b2) * g * g
+            if m is not None and v is not None and m.dtype == v.dtype == g.dtype == _F32:
+                # the same float32 operations in the same order, into fresh state arrays (a state_dict
+                # handed out earlier keeps its arrays) with one temporary each instead of two or three
+                t = np.multiply(g, _F32(1) - b1)
+                m = np.multiply(m, b1)
+                m += t
+                t = np.multiply(g, _F32(1) - b2, out=t)
+                t *= g
+                v = np.multiply(v, b2)
+                v += t
+            else:
+                m = (_F32(1) - b1) * g if m is None else b1 * m + (_F32(1) - b1) * g
+                v = (_F32(1) - b2) * g * g if v is None else b2 * v + (_F32(1) - b2) * g * g
             m, v = self.cast_state(m), self.cast_state(v)
             self.state[f"m.{k}"], self.state[f"v.{k}"] = m, v
             if self.amsgrad:
                 vmax = self.state.get(f"vmax.{k}")
                 v = v if vmax is None else np.maximum(vmax, v)
                 self.state[f"vmax.{k}"] = v
-            u = lr32 * ((m / bc1) / (np.sqrt(v / bc2) + eps))
+            if m.dtype == v.dtype == _F32:  # lr * ((m / bc1) / (sqrt(v / bc2) + eps)), in two buffers
+                u = np.divide(m, bc1)
+                d = np.divide(v, bc2)
+                np.sqrt(d, out=d)
+                d += eps
+                u /= d
+                u *= lr32
+            else:
+                u = lr32 * ((m / bc1) / (np.sqrt(v / bc2) + eps))
             if self.weight_decay:
                 u = u + lr32 * _F32(self.weight_decay) * weights[k]
             out[k] = u.astype(_F32, copy=False)
