@@ -235,6 +235,11 @@ def softmax_forward(x: np.ndarray) -> tuple[np.ndarray, Cache]:
     if np.ndim(x) < 1 or np.shape(x)[-1] < 1:
         raise ValueError(f"softmax needs at least one entry on the last axis, got shape {np.shape(x)}")
     m = x.max(axis=-1, keepdims=True)
+    if _same_float(x):  # the same operations in one buffer instead of three
+        e = np.subtract(x, m)
+        np.exp(e, out=e)
+        y = np.divide(e, e.sum(axis=-1, keepdims=True), out=e)
+        return y, y
     e = np.exp(x - m)
     y = e / e.sum(axis=-1, keepdims=True)
     return y, y
@@ -244,6 +249,11 @@ def softmax_forward(x: np.ndarray) -> tuple[np.ndarray, Cache]:
 def softmax_backward(dout: np.ndarray, cache: Cache) -> np.ndarray:
     """dx = y * (dy - sum(dy * y))."""
     y = cache
+    if isinstance(dout, np.ndarray) and dout.shape == y.shape and _same_float(dout, y):
+        t = np.multiply(dout, y)  # the same operations in one buffer instead of three
+        s = t.sum(axis=-1, keepdims=True)
+        t = np.subtract(dout, s, out=t)
+        return np.multiply(y, t, out=t)
     return np.asarray(y * (dout - (dout * y).sum(axis=-1, keepdims=True)))
 
 
