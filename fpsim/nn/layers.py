@@ -170,7 +170,7 @@ def layernorm_backward(dout: np.ndarray, cache: Cache) -> tuple[np.ndarray, np.n
         t = np.multiply(xhat, m2, out=t)
         dx = np.subtract(dxhat, m1, out=dxhat)
         dx -= t
-        dx *= rstd
+        dx = np.multiply(rstd, dx, out=dx)  # operands in the plain code's order: NaN payloads too
         return dx, dg, db
     dg = (d2 * xhat.reshape(-1, C)).sum(axis=0)                   # (C,)
     db = d2.sum(axis=0)                                           # (C,)
@@ -192,7 +192,7 @@ def gelu_forward(x: np.ndarray) -> tuple[np.ndarray, Cache]:
         u = np.multiply(x, x)
         u *= x
         u *= 0.044715
-        u += x
+        np.add(x, u, out=u)
         u *= _GELU_C
         t = np.tanh(u, out=u)
         out = np.multiply(x, 0.5)
