@@ -173,6 +173,20 @@ def test_adamw_updates_match_the_plain_expressions(wd: float) -> None:
     before = {k: np.array(v) for k, v in held.items()}
     opt.updates(w, {k: np.ones_like(v) for k, v in w.items()})
     assert all(_same(held[k], before[k]) for k in held)  # a state_dict handed out keeps its values
+    # resumed from a state_dict (moments gathered again), and the per-tensor loop (a moment cast that is not
+    # the identity): the same bits as the plain expressions
+    again = AdamW(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=wd)
+    again.load_state_dict(held)
+    looped = AdamW(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=wd, cast_state=lambda x: x)
+    looped.load_state_dict(held)
+    ref = {k: v for k, v in held.items() if k != "t"}
+    grads = {k: _values(rng, v.shape, np.float32) for k, v in w.items()}
+    with np.errstate(all="ignore"):
+        want = adamw_updates_ref(ref, grads, w, 6, 1e-3, 0.9, 0.95, 1e-8, wd)
+        for o in (again, looped):
+            got = o.updates(w, grads, lr=1e-3)
+            assert all(_same(got[k], want[k]) for k in w)
+            assert all(_same(o.state[k], ref[k]) for k in ref)
 
 
 # ------------------------------------------------------------------ casts
