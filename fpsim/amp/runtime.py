@@ -196,7 +196,7 @@ class PolicyRuntime:
         pl = self._plans.get(fmt)
         if pl is None:
             pl = self._plans[fmt] = self._plan32(fmt)
-        if pl is False or not _rounding.use_c_kernel or _rounding._ckernel is None:
+        if pl is False or not _rounding.use_c_kernel or getattr(_rounding, "_ckernel", None) is None:
             return np.asarray(fround(x, fmt, self.policy.rounding, rng=self.rng, out=out))
         src = np.ascontiguousarray(x)
         if out is None or not (out.flags.c_contiguous and out.dtype == np.float32 and out.shape == x.shape

@@ -221,7 +221,8 @@ def gelu_backward(dout: np.ndarray, cache: Cache) -> np.ndarray:
         p = np.add(t, 1.0, out=r)
         p *= 0.5
         p += q
-        return np.multiply(dout, p, out=p)
+        res: np.ndarray = np.multiply(dout, p, out=p)
+        return res
     du_dx = _GELU_C * (1.0 + 3 * 0.044715 * x * x)
     local = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du_dx
     return np.asarray(dout * local)
@@ -253,7 +254,8 @@ def softmax_backward(dout: np.ndarray, cache: Cache) -> np.ndarray:
         t = np.multiply(dout, y)  # the same operations in one buffer instead of three
         s = t.sum(axis=-1, keepdims=True)
         t = np.subtract(dout, s, out=t)
-        return np.multiply(y, t, out=t)
+        dx: np.ndarray = np.multiply(y, t, out=t)
+        return dx
     return np.asarray(y * (dout - (dout * y).sum(axis=-1, keepdims=True)))
 
 
