@@ -271,3 +271,22 @@ def test_training_runs_are_bit_identical_with_the_fast_paths_off(monkeypatch: py
     monkeypatch.setattr(R, "_owned32", lambda a: False)               # no in-place bias add or result rounding
     plain = _run(policy, cfg)
     assert _same_run(fast, plain)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1024.0, 3.0])
+def test_unscale_of_owned_gradients_matches_unscale(scale: float) -> None:
+    from fpsim.amp import LossScaler
+
+    rng = np.random.default_rng([3006, int(scale)])
+    s = LossScaler(scale)
+    grads = {"a": _values(rng, (6, 5), np.float32), "b": _values(rng, (4,), np.float32),
+             "c": _values(rng, (3, 2), np.float64), "v": _values(rng, (8,), np.float32)[::2]}
+    with np.errstate(all="ignore"):
+        want, inf_want = s.unscale(grads)
+        got, inf_got = s._unscale_owned({k: np.array(v) if v.flags.owndata else v for k, v in grads.items()})
+    assert inf_got == inf_want and got.keys() == want.keys() and all(_same(got[k], want[k]) for k in want)
+    shared = _values(rng, (5,), np.float32)
+    keep = shared.copy()
+    with np.errstate(all="ignore"):
+        out, _ = s._unscale_owned({"x": shared, "y": shared})  # one array twice: not scaled twice in place
+    assert _same(shared, keep) and _same(out["x"], s.unscale({"x": keep})[0]["x"])
