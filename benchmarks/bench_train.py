@@ -251,7 +251,8 @@ def main() -> None:
     t32, t32t = best[("fp32", False)], best[("fp32", True)]
     if t_torch is not None:
         print(f"PyTorch CPU eager step: {1e3 * t_torch:.1f} ms")
-    print(f"fpsim fp32 step:        {1e3 * t32:.1f} ms" + (f"  ({t32 / t_torch:.2f}x PyTorch; goal <= 1)" if t_torch else ""))
+    vs = f"  ({t32 / t_torch:.2f}x PyTorch; goal <= 1)" if t_torch else ""
+    print(f"fpsim fp32 step:        {1e3 * t32:.1f} ms{vs}")
     print(f"fpsim fp32 + telemetry: {1e3 * t32t:.1f} ms  ({t32t / t32:.2f}x)")
     print("\n| policy | ms/step | vs fp32 | with telemetry | vs fp32 |")
     print("|---|---|---|---|---|")
