@@ -25,6 +25,7 @@ import numpy as np
 
 from .._fpenv import ieee_mode
 from .._names import parse_name
+from ..formats import as_format
 from .policy import Policy
 
 __all__ = ["SGD", "AdamW", "MasterWeights", "make_optimizer"]
@@ -183,6 +184,8 @@ class AdamW:
         self.cast_state = cast_state
         self.state: dict[str, np.ndarray] = {}
         self.t = 0
+        # the last flat update's (keys, m, v, m views, v views): see _flat_updates
+        self._flat: tuple[list[str], np.ndarray, np.ndarray, list[np.ndarray], list[np.ndarray]] | None = None
 
     def step(self, params: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray], *, lr: float | None = None,
              grad_scale: np.ndarray | None = None, found_inf: np.ndarray | None = None,
@@ -226,6 +229,10 @@ class AdamW:
         bc1 = _F32(1.0 - self.b1 ** self.t)
         bc2 = _F32(1.0 - self.b2 ** self.t)
         eps = _F32(self.eps)
+        if self.cast_state is _identity and not (self.maximize or self.amsgrad):
+            flat = self._flat_updates(weights, grads, lr32, b1, b2, bc1, bc2, eps)
+            if flat is not None:
+                return flat
         out = {}
         for k, g in grads.items():
             g = g.astype(_F32, copy=False)
@@ -233,18 +240,100 @@ class AdamW:
                 g = -g
             m = self.state.get(f"m.{k}")
             v = self.state.get(f"v.{k}")
-            m = (_F32(1) - b1) * g if m is None else b1 * m + (_F32(1) - b1) * g
-            v = (_F32(1) - b2) * g * g if v is None else b2 * v + (_F32(1) - b2) * g * g
+            if m is not None and v is not None and m.dtype == v.dtype == g.dtype == _F32:
+                # the same float32 operations in the same order, into fresh state arrays (a state_dict
+                # handed out earlier keeps its arrays) with one temporary each instead of two or three
+                t = np.multiply(g, _F32(1) - b1)
+                m = np.multiply(m, b1)
+                m += t
+                t = np.multiply(g, _F32(1) - b2, out=t)
+                t *= g
+                v = np.multiply(v, b2)
+                v += t
+            else:
+                m = (_F32(1) - b1) * g if m is None else b1 * m + (_F32(1) - b1) * g
+                v = (_F32(1) - b2) * g * g if v is None else b2 * v + (_F32(1) - b2) * g * g
             m, v = self.cast_state(m), self.cast_state(v)
             self.state[f"m.{k}"], self.state[f"v.{k}"] = m, v
             if self.amsgrad:
                 vmax = self.state.get(f"vmax.{k}")
                 v = v if vmax is None else np.maximum(vmax, v)
                 self.state[f"vmax.{k}"] = v
-            u = lr32 * ((m / bc1) / (np.sqrt(v / bc2) + eps))
+            if m.dtype == v.dtype == _F32:  # lr * ((m / bc1) / (sqrt(v / bc2) + eps)), in two buffers
+                u = np.divide(m, bc1)
+                d = np.divide(v, bc2)
+                np.sqrt(d, out=d)
+                d += eps
+                u /= d
+                u *= lr32
+            else:
+                u = lr32 * ((m / bc1) / (np.sqrt(v / bc2) + eps))
             if self.weight_decay:
                 u = u + lr32 * _F32(self.weight_decay) * weights[k]
             out[k] = u.astype(_F32, copy=False)
+        return out
+
+    def _flat_updates(self, weights: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray], lr32: np.float32,
+                      b1: np.float32, b2: np.float32, bc1: np.float32, bc2: np.float32,
+                      eps: np.float32) -> dict[str, np.ndarray] | None:
+        """The update of :meth:`updates` (float32 moments kept as they are computed) on all tensors at once,
+        as torch's foreach kernels: every operation is elementwise, so each element gets the bits of the
+        per-tensor loop; the moments are views of one new array per step (a state_dict handed out keeps its
+        values). None where that does not hold (other dtypes, some moments missing): the loop then runs."""
+        keys = list(grads)
+        gs = [grads[k] for k in keys]
+        if not keys or any(not isinstance(g, np.ndarray) or g.dtype != _F32 for g in gs):
+            return None
+        ms = [self.state.get(f"m.{k}") for k in keys]
+        vs = [self.state.get(f"v.{k}") for k in keys]
+        fresh = all(m is None for m in ms) and all(v is None for v in vs)
+        if not fresh and not all(isinstance(a, np.ndarray) and a.dtype == _F32 and a.shape == g.shape
+                                 for pair in (ms, vs) for a, g in zip(pair, gs)):
+            return None
+        wd = self.weight_decay
+        if wd and any(not isinstance(weights[k], np.ndarray) or weights[k].dtype != _F32 or
+                      weights[k].shape != g.shape for k, g in zip(keys, gs)):
+            return None
+        g = np.concatenate([x.reshape(-1) for x in gs])
+        if fresh:
+            m = (_F32(1) - b1) * g
+            v = (_F32(1) - b2) * g * g
+        else:
+            last = getattr(self, "_flat", None)
+            # the moments are still last step's views: their two arrays as they are, no gathering copy
+            if last is not None and last[0] == keys and all(a is b for a, b in zip(ms, last[3])) \
+                    and all(a is b for a, b in zip(vs, last[4])):
+                m0, v0 = last[1], last[2]
+            else:
+                m0 = np.concatenate([x.reshape(-1) for x in ms])  # type: ignore[union-attr]
+                v0 = np.concatenate([x.reshape(-1) for x in vs])  # type: ignore[union-attr]
+            t = np.multiply(g, _F32(1) - b1)
+            m = np.multiply(m0, b1)
+            m += t
+            t = np.multiply(g, _F32(1) - b2, out=t)
+            t *= g
+            v = np.multiply(v0, b2)
+            v += t
+        u = np.divide(m, bc1)
+        d = np.divide(v, bc2)
+        np.sqrt(d, out=d)
+        d += eps
+        u /= d
+        u *= lr32
+        if wd:
+            u = u + lr32 * _F32(wd) * np.concatenate([weights[k].reshape(-1) for k in keys])
+        out: dict[str, np.ndarray] = {}
+        mv: list[np.ndarray] = []
+        vv: list[np.ndarray] = []
+        i = 0
+        for k, x in zip(keys, gs):
+            j = i + x.size
+            out[k] = u[i:j].reshape(x.shape)
+            mv.append(m[i:j].reshape(x.shape))
+            vv.append(v[i:j].reshape(x.shape))
+            self.state[f"m.{k}"], self.state[f"v.{k}"] = mv[-1], vv[-1]
+            i = j
+        self._flat = (keys, m, v, mv, vv)
         return out
 
     def state_dict(self) -> dict[str, np.ndarray]:
@@ -351,6 +440,8 @@ def make_optimizer(name: str, policy: Policy, runtime: Any, **kwargs: Any) -> SG
     def cast_state(x: np.ndarray) -> np.ndarray:
         return np.asarray(runtime.cast(x, fmt))
 
+    if fmt.name == "fp32" and fmt == as_format("fp32"):  # the cast of a float32 moment is the identity
+        cast_state = _identity
     if kind == "adamw":
         return AdamW(cast_state=cast_state, **kwargs)
     return SGD(cast_state=cast_state, **kwargs)

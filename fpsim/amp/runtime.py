@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import rounding as _rounding
 from .._blas import matmul as _blas_matmul
 from .._fpenv import ieee_mode
 from ..formats import Format, as_format
@@ -93,6 +94,13 @@ def random_hadamard(x: np.ndarray, signs: np.ndarray) -> np.ndarray:
     y = np.asarray(_blas_matmul(t, a.reshape(-1, 16, a.shape[1]))).reshape(a.shape)  # t @ each 16-row block
     out: np.ndarray = y.astype(np.float32)
     return out
+
+
+def _owned32(a: Any) -> bool:
+    """A C-contiguous float32 ndarray owning its memory (a result just made, e.g. by a GEMM): safe to write
+    into in place when nothing else was handed it."""
+    return isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.owndata and a.flags.c_contiguous \
+        and a.flags.writeable
 
 
 def _pad(x: np.ndarray, axis: int, mult: int) -> np.ndarray:
@@ -162,6 +170,9 @@ class PolicyRuntime:
         if blk is not None and blk.hadamard:
             self.rht_signs = np.where(np.random.default_rng([seed, 0x524854]).random(16) < 0.5, -1.0, 1.0)
         self._bs_models: dict[tuple[str, str], Any] = {}
+        #: Per format: the compiled kernel's plan for float32 arrays under the policy's rounding (False where
+        #: fpsim.round would take another path); see :meth:`_round32`.
+        self._plans: dict[Format, Any] = {}
 
     # ------------------------------------------------------------------ casts
     def cast(self, x: np.ndarray, fmt: Format) -> np.ndarray:
@@ -172,9 +183,40 @@ class PolicyRuntime:
             return np.asarray(fround(x, fmt, self.policy.rounding, rng=self.rng), np.float32)
         if x.dtype != np.float32:
             x = x.astype(np.float32)
-        if fmt == _FP32:
+        if fmt is _FP32 or fmt == _FP32:
             return x
-        return np.asarray(fround(x, fmt, self.policy.rounding, rng=self.rng))  # rng is set iff rounding is "sr"
+        return self._round32(x, fmt)  # rng is set iff rounding is "sr"
+
+    def _round32(self, x: np.ndarray, fmt: Format, out: np.ndarray | None = None) -> np.ndarray:
+        """``fpsim.round(x, fmt, policy.rounding, rng=self.rng, out=out)`` for a float32 array: the call the
+        compiled kernel path of fpsim.round makes (`rounding._run_c_kernel` on the same plan), without that
+        entry's per-call checks and option parsing (~50 us, against a few us to round a small array), which
+        the policy's fixed format and mode need once. The same bits and the same SR draws; any other case
+        (no compiled kernel, a table format, a float64 carrier) goes through fpsim.round itself."""
+        pl = self._plans.get(fmt)
+        if pl is None:
+            pl = self._plans[fmt] = self._plan32(fmt)
+        if pl is False or not _rounding.use_c_kernel or getattr(_rounding, "_ckernel", None) is None:
+            return np.asarray(fround(x, fmt, self.policy.rounding, rng=self.rng, out=out))
+        src = np.ascontiguousarray(x)
+        if out is None or not (out.flags.c_contiguous and out.dtype == np.float32 and out.shape == x.shape
+                               and (out is x or not np.may_share_memory(out, src))):
+            if out is not None:  # a buffer the kernel cannot write straight into: fpsim.round's own handling
+                return np.asarray(fround(x, fmt, self.policy.rounding, rng=self.rng, out=out))
+            out = np.empty(x.shape, np.float32)
+        _rounding._run_c_kernel(src.reshape(-1).view(np.uint32), out.reshape(-1).view(np.uint32), pl, self.rng)
+        return out
+
+    def _plan32(self, fmt: Format) -> Any:
+        """The plan `_round32` hands the compiled kernel for float32 input, or False where fpsim.round would
+        not round a float32 array with that kernel in the float32 carrier."""
+        f, mode, ov = _rounding.parse_options(fmt, self.policy.rounding, "ieee", True, self.rng, None, philox=True)
+        if f.table is not None:
+            return False
+        c = _rounding._carrier_for(np.dtype(np.float32), f, mode, None)
+        if c is not _rounding._F32:
+            return False
+        return _rounding._plan_cached(c, f, mode, ov, True, None)
 
     def _gcast(self, x: np.ndarray, fmt: Format, site: str, hist: str | None = None,
                op: str = "matmul") -> np.ndarray:
@@ -357,16 +399,25 @@ class PolicyRuntime:
         bc = self.cast(b, pol.params if weight else pol.activations)
         raw = self._gemm(ac, bc)
         if bias is not None:
-            raw = raw + self.cast(bias, pol.params)
-        out = self._forward_out(raw, site)
+            bq = self.cast(bias, pol.params)
+            if _owned32(raw) and bq.dtype == np.float32 and bq.shape == raw.shape[-1:]:
+                np.add(raw, bq, out=raw)  # the GEMM's own new result: the same sum without a new array
+            else:
+                raw = raw + bq
+        out = self._forward_out(raw, site, owned=True)
         return out, ("std", ac, bc, site, bias is not None)
 
-    def _forward_out(self, raw: np.ndarray, site: str) -> np.ndarray:
-        """A forward GEMM's result cast into the activation format (checked inside ``detect_anomaly``)."""
-        out = self.cast(raw, self.policy.activations)
+    def _forward_out(self, raw: np.ndarray, site: str, owned: bool = False) -> np.ndarray:
+        """A forward GEMM's result cast into the activation format (checked inside ``detect_anomaly``).
+        ``owned``: ``raw`` is this call's own new array, which nothing else holds: rounded in place unless
+        ``detect_anomaly`` needs the value before the cast."""
         log = _ACTIVE.get()
+        fmt = self.policy.activations
+        if owned and log is None and fmt is not _FP32 and fmt != _FP32 and _owned32(raw):
+            return self._round32(raw, fmt, out=raw)
+        out = self.cast(raw, fmt)
         if log is not None:
-            _watch(log, out, raw, self.policy.activations, site, "matmul", "forward", self)
+            _watch(log, out, raw, fmt, site, "matmul", "forward", self)
         return out
 
     def matmul_backward(self, dout: np.ndarray, cache: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:

@@ -74,6 +74,24 @@ class LossScaler:
                 out = {k: np.asarray(v, dtype=np.float32) * inv for k, v in grads.items()}
         return out, found_inf
 
+    def _unscale_owned(self, grads: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], bool]:
+        """:meth:`unscale` for gradients the caller hands over (the trainer's new backward results): the
+        same values, but a float32 array that owns its memory (and is no other entry's) is scaled in place
+        or passed on as it is, instead of into a copy."""
+        if len({id(v) for v in grads.values()}) != len(grads):
+            return self.unscale(grads)
+        found_inf = not _finite(grads)
+        inv = np.float32(1.0 / np.float64(self._scale))
+        out: dict[str, np.ndarray] = {}
+        with np.errstate(invalid="ignore", over="ignore"):
+            for k, v in grads.items():
+                own = isinstance(v, np.ndarray) and v.dtype == np.float32 and v.flags.owndata and v.flags.writeable
+                if inv == np.float32(1.0):
+                    out[k] = v if own else np.array(v, dtype=np.float32)
+                else:
+                    out[k] = np.multiply(v, inv, out=v) if own else np.asarray(v, dtype=np.float32) * inv
+        return out, found_inf
+
     def update(self, found_inf: bool) -> None:
         """A static scale does not change."""
 

@@ -132,7 +132,10 @@ def attention_backward(dout: np.ndarray, cache: Any) -> dict[str, Any]:
     ds = prec.grad(ds, f"{site}.scores", "scale")
     dq, dkt, _ = prec.matmul_backward(ds * scale, c_qk)                              # (B,nh,T,hd), (B,nh,hd,T)
     dk = dkt.transpose(0, 1, 3, 2)
-    dqkv = np.stack([dq, dk, dv])                                                    # (3, B, nh, T, hd)
-    dqkv = dqkv.transpose(1, 3, 0, 2, 4).reshape(B, T, 3 * C)                        # (B, T, 3C)
+    # (B, T, 3, nh, hd) written once (np.stack then a transposed copy made the same values twice)
+    dqkv = np.empty((B, T, 3, nh, hd), dtype=np.result_type(dq, dk, dv))
+    for j, d in enumerate((dq, dk, dv)):
+        dqkv[:, :, j] = d.transpose(0, 2, 1, 3)
+    dqkv = dqkv.reshape(B, T, 3 * C)                                                 # (B, T, 3C)
     dx, dw_qkv, db_qkv = linear_backward(dqkv, c_qkv)
     return {"x": dx, "w_qkv": dw_qkv, "b_qkv": db_qkv, "w_proj": dw_proj, "b_proj": db_proj}

@@ -409,8 +409,8 @@ class Trainer:
                 from ..amp.fused import _trainer_grads
 
                 grads, found_inf, gscale = _trainer_grads(grads, cfg.micro_batches, pol, scale)
-            else:
-                grads, found_inf = self.scaler.unscale(grads)
+            else:  # the backward pass's own new arrays: unscaled in place (same values as unscale's copies)
+                grads, found_inf = self.scaler._unscale_owned(grads)
         loss = float(np.asarray(loss_arr)) * cfg.micro_batches  # report the mean over this batch's tokens
         # the all-reduced (summed) gradient: micro_batches such micro-batches (fused: already in the kernel's)
         if cfg.micro_batches > 1 and not cfg.fused:
