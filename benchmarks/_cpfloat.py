@@ -109,6 +109,13 @@ int fpsim_cpf_round(float *X, const float *A, size_t n, unsigned int precision, 
   o.explim = CPFLOAT_EXPRANGE_TARG;
   o.round = (cpfloat_rounding_t)round;
   o.flip = 0; /* no soft errors: CPFLOAT_NO_SOFTERR in older CPFloat, CPFLOAT_SOFTERR_NO in newer (both 0) */
+#ifdef FPSIM_CPF_HAS_EMIN
+  /* newer CPFloat reads emin, infinities and saturation from the options (a zeroed emin is a format whose
+     smallest normal is 1: every value of interest subnormal, wrong and slow); older ones derive emin */
+  o.emin = 1 - emax;
+  o.infinity = CPFLOAT_INF_USE;
+  o.saturation = CPFLOAT_SAT_NO;
+#endif
   o.p = 0;
   o.bitseed = &fpsim_bitstate;
   o.randseedf = &fpsim_randstate;
@@ -140,6 +147,13 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("FPSIM_BENCH_CACHE", Path.home() / ".cache" / "fpsim-bench"))
 
 
+def _version_flags(definitions: Path) -> tuple[str, ...]:
+    """Macros for the option fields this CPFloat has (newer releases added ``emin``, ``infinity`` and
+    ``saturation`` to ``optstruct``; older ones have none of them)."""
+    text = definitions.read_text(encoding="utf-8", errors="replace")
+    return ("-DFPSIM_CPF_HAS_EMIN",) if "cpfloat_exponent_t emin;" in text else ()
+
+
 def _build() -> Any:
     global _flags_used, _lib_path
     src = source_dir()
@@ -166,7 +180,8 @@ def _build() -> Any:
         lib = cache / f"libfpsim_cpfloat_{tag}.so"
         if not lib.is_file():
             tmp = lib.with_suffix(f".{os.getpid()}.tmp")
-            cmd = [cc, *flags, "-I", str(src), "-I", str(pcg), str(shim), "-o", str(tmp), "-lm", *ldflags]
+            cmd = [cc, *flags, *_version_flags(paths["cpfloat_definitions.h"]), "-I", str(src), "-I", str(pcg),
+                   str(shim), "-o", str(tmp), "-lm", *ldflags]
             r = subprocess.run(cmd, cwd=src, capture_output=True, text=True, check=False)
             if r.returncode != 0:
                 errors.append(f"{' '.join(cmd)}: {r.stderr.strip()[-400:]}")

@@ -140,6 +140,8 @@ def goals(results: list[dict[str, Any]], T: int) -> None:
 
 def memory(mem_n: int) -> None:
     # Peak extra memory for a large array (beyond input and output): no temporaries at all.
+    if mem_n <= 0:  # --mem-n 0: skipped
+        return
     big = np.ones(mem_n, dtype=np.float32)
     tracemalloc.start()
     out = fpsim.round(big, "bf16")
