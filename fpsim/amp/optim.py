@@ -54,6 +54,32 @@ def _callable(who: str, f: object) -> None:
 
 
 @ieee_mode
+
+def _adam_moments_f32(g: np.ndarray, m0: np.ndarray, v0: np.ndarray, b1: np.float32, b2: np.float32
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """Adam's new float32 moments b1 m0 + (1 - b1) g and b2 v0 + (1 - b2) g g: the plain expression's
+    operations in its order, into two new arrays with one temporary (m0 and v0 are left as they are)."""
+    t = np.multiply(g, _F32(1) - b1)
+    m = np.multiply(m0, b1)
+    m += t
+    t = np.multiply(g, _F32(1) - b2, out=t)
+    t *= g
+    v = np.multiply(v0, b2)
+    v += t
+    return m, v
+
+
+def _adam_step_f32(m: np.ndarray, v: np.ndarray, bc1: np.float32, bc2: np.float32, eps: np.float32,
+                   lr32: np.float32) -> np.ndarray:
+    """lr * ((m / bc1) / (sqrt(v / bc2) + eps)) in float32, in two buffers (the plain expression's order)."""
+    u: np.ndarray = np.divide(m, bc1)
+    d = np.divide(v, bc2)
+    np.sqrt(d, out=d)
+    d += eps
+    u /= d
+    u *= lr32
+    return u
+
 class SGD:
     """SGD with momentum (torch semantics: ``buf = momentum*buf + (1-dampening)*g``; update ``lr*buf``, or
     ``lr*(g + momentum*buf)`` with ``nesterov``), decoupled weight decay optional. The momentum buffer is
@@ -243,13 +269,7 @@ class AdamW:
             if m is not None and v is not None and m.dtype == v.dtype == g.dtype == _F32:
                 # the same float32 operations in the same order, into fresh state arrays (a state_dict
                 # handed out earlier keeps its arrays) with one temporary each instead of two or three
-                t = np.multiply(g, _F32(1) - b1)
-                m = np.multiply(m, b1)
-                m += t
-                t = np.multiply(g, _F32(1) - b2, out=t)
-                t *= g
-                v = np.multiply(v, b2)
-                v += t
+                m, v = _adam_moments_f32(g, m, v, b1, b2)
             else:
                 m = (_F32(1) - b1) * g if m is None else b1 * m + (_F32(1) - b1) * g
                 v = (_F32(1) - b2) * g * g if v is None else b2 * v + (_F32(1) - b2) * g * g
@@ -259,13 +279,8 @@ class AdamW:
                 vmax = self.state.get(f"vmax.{k}")
                 v = v if vmax is None else np.maximum(vmax, v)
                 self.state[f"vmax.{k}"] = v
-            if m.dtype == v.dtype == _F32:  # lr * ((m / bc1) / (sqrt(v / bc2) + eps)), in two buffers
-                u = np.divide(m, bc1)
-                d = np.divide(v, bc2)
-                np.sqrt(d, out=d)
-                d += eps
-                u /= d
-                u *= lr32
+            if m.dtype == v.dtype == _F32:
+                u = _adam_step_f32(m, v, bc1, bc2, eps, lr32)
             else:
                 u = lr32 * ((m / bc1) / (np.sqrt(v / bc2) + eps))
             if self.weight_decay:
@@ -307,19 +322,8 @@ class AdamW:
             else:
                 m0 = np.concatenate([x.reshape(-1) for x in ms])  # type: ignore[union-attr]
                 v0 = np.concatenate([x.reshape(-1) for x in vs])  # type: ignore[union-attr]
-            t = np.multiply(g, _F32(1) - b1)
-            m = np.multiply(m0, b1)
-            m += t
-            t = np.multiply(g, _F32(1) - b2, out=t)
-            t *= g
-            v = np.multiply(v0, b2)
-            v += t
-        u = np.divide(m, bc1)
-        d = np.divide(v, bc2)
-        np.sqrt(d, out=d)
-        d += eps
-        u /= d
-        u *= lr32
+            m, v = _adam_moments_f32(g, m0, v0, b1, b2)
+        u = _adam_step_f32(m, v, bc1, bc2, eps, lr32)
         if wd:
             u = u + lr32 * _F32(wd) * np.concatenate([weights[k].reshape(-1) for k in keys])
         out: dict[str, np.ndarray] = {}
