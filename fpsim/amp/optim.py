@@ -53,8 +53,6 @@ def _callable(who: str, f: object) -> None:
         raise TypeError(f"{who} cast_state must be callable, got {type(f).__name__}")
 
 
-@ieee_mode
-
 def _adam_moments_f32(g: np.ndarray, m0: np.ndarray, v0: np.ndarray, b1: np.float32, b2: np.float32
                       ) -> tuple[np.ndarray, np.ndarray]:
     """Adam's new float32 moments b1 m0 + (1 - b1) g and b2 v0 + (1 - b2) g g: the plain expression's
@@ -80,6 +78,8 @@ def _adam_step_f32(m: np.ndarray, v: np.ndarray, bc1: np.float32, bc2: np.float3
     u *= lr32
     return u
 
+
+@ieee_mode
 class SGD:
     """SGD with momentum (torch semantics: ``buf = momentum*buf + (1-dampening)*g``; update ``lr*buf``, or
     ``lr*(g + momentum*buf)`` with ``nesterov``), decoupled weight decay optional. The momentum buffer is
