@@ -18,6 +18,13 @@ def version_tuple(text: str) -> tuple[int, ...]:
 
 
 ML_DTYPES = version_tuple(ml_dtypes.__version__)
+NUMPY = version_tuple(__import__("numpy").__version__)
+
+# NumPy 1.24 (the declared floor): an in-place ufunc chain and the same expression into new arrays can give
+# NaN results different sign/payload bits (every other value the same; seen in fpsim's buffer-reusing layers and
+# AdamW against their plain expressions); NumPy 2.x gives the same bits, NaNs included. IEEE 754 leaves a NaN's
+# sign and payload open there, so neither is wrong.
+NUMPY_NAN_BITS_DEPEND_ON_BUFFERS = NUMPY < (2, 0)
 
 # ml_dtypes before 0.7 casts float64 to bfloat16 and the float8 types through float32 (two roundings:
 # seen on 0.5.0 and 0.6.x); 0.7.0 rounds float64 once, correctly.
