@@ -20,7 +20,7 @@
  * Special values (step 0): a block whose products or addend hold a NaN or an infinity gives NaN (a NaN, an
  * inf*0, or both infinities) or the infinity, exactly as fpsim.mma.model.specials.
  *
- * AVX2 loop (issue 30; fused_group, finish_avx2), used where the CPU has AVX2, impl() allows it
+ * AVX2 loop (issue 30; fused_group), used where the CPU has AVX2, impl() allows it
  * and the inputs have <= 12 significant bits with exponents in [-40, 40]: steps 1-4 in float32 lanes (each
  * product exact, Q_i one scaling and one truncating conversion) on a packed B, step 5 as a mask on the
  * double's bits where the result is a normal number of the output format. The integer loop below is the
@@ -67,6 +67,7 @@ typedef struct {
     const int32_t *mbv, *eb; /* kr x N */
     const float *af, *bf;    /* the same inputs as float32 (M x kr, kr x N) for the AVX2 path, or NULL */
     const double *A, *B;    /* the original values (M x Kp, Kp x N): only for special blocks */
+    const float *A32, *B32; /* the same as float32 where the caller gave float32 and they were not widened */
     const uint8_t *fa;      /* M x nb: a row block holds a NaN/inf */
     const uint8_t *fb;      /* nb x N: a column block holds a NaN/inf */
     double *D;              /* M x N: the chain value, updated in place */
@@ -155,10 +156,10 @@ static int block_special(const job_t *J, Py_ssize_t i, Py_ssize_t j, Py_ssize_t 
                          double *val)
 {
     int n = isnan(c), pinf = c == INFINITY, minf = c == -INFINITY;
-    const double *arow = J->A + i * J->Kp;
     for (int l = 0; l < klen; l++) {
         Py_ssize_t kk = kb0 + l;
-        double x = (J->rowwise ? J->A[kk * J->N + j] : arow[kk]) * J->B[kk * J->N + j];
+        Py_ssize_t ia = J->rowwise ? kk * J->N + j : i * J->Kp + kk, ib = kk * J->N + j;
+        double x = (J->A32 ? (double)J->A32[ia] : J->A[ia]) * (J->B32 ? (double)J->B32[ib] : J->B[ib]);
         n |= isnan(x);
         pinf |= x == INFINITY;
         minf |= x == -INFINITY;
@@ -232,19 +233,73 @@ static int have_avx2(void)
 #endif
 }
 
-/* floats in the packed B of kr rows and N columns (pack_b) */
+/* floats in the packed B of kr rows and N columns (pack_b): every 8-lane vector, the last one maybe partial */
 static Py_ssize_t packed_b_size(Py_ssize_t kr, Py_ssize_t N, int k)
 {
-    return ((kr + k - 1) / k) * ((N / 8 + 1) / 2) * k * 24;
+    return ((kr + k - 1) / k) * (((N + 7) / 8 + 1) / 2) * k * 24;
 }
 
-/* Block bi (rows [bi k, bi k + k) of [0, kr)) of B (from row k0 of the Kp x N values b; decomposed exponents
- * e, row stride N) for the full 8-lane vectors of N, packed as [block][pair of vectors][row in block][16 int16
- * exponents, 16 float32 values]; rows past kr and the second half of a last odd pair are padded with zeros
- * (exponent ZERO_EXP). 0 if an exponent is out of [-40, 40] (see to_f32). */
-static int pack_b(const double *b, const int32_t *e, Py_ssize_t kr, Py_ssize_t N, int k, Py_ssize_t bi, float *out)
+/* The AVX2 loop's view of one input value x (a value of the input format, so exact in float32 where its
+ * exponent is in range): its decomposed exponent e = max(floor(log2|x|), emin) (ZERO_EXP for a zero or a
+ * non-finite x) and x as float32 (0 for those). *nf |= x is non-finite; returns 1 where the AVX2 loop cannot
+ * take x (e outside [-40, 40], see fused_group; a float32 subnormal is far outside). */
+static inline int lean_f(float x, int emin, int32_t *e, float *f, int *nf)
 {
-    const Py_ssize_t nvt = N / 8, npt = (nvt + 1) / 2;
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    int32_t ef = (int32_t)((u >> 23) & 0xff);
+    int32_t ex = ef - 127 > emin ? ef - 127 : emin;
+    int zero = (u & 0x7fffffffu) == 0, inf_nan = ef == 0xff;
+    int z = zero | inf_nan;
+    *nf |= inf_nan;
+    *e = z ? ZERO_EXP : ex;
+    *f = z ? 0.0f : x;
+    return (!z) & ((ef == 0) | (ex < -40) | (ex > 40));
+}
+
+static inline int lean_d(double x, int emin, int32_t *e, float *f, int *nf)
+{
+    int32_t ef = (int32_t)(d2bits(x) >> 52) & 0x7ff;
+    int32_t ex = ef - 1023 > emin ? ef - 1023 : emin;
+    int zero = x == 0.0, inf_nan = ef == 0x7ff;
+    int z = zero | inf_nan;
+    *nf |= inf_nan;
+    *e = z ? ZERO_EXP : ex;
+    *f = z ? 0.0f : (float)x;
+    return (!z) & ((ex < -40) | (ex > 40));
+}
+
+/* Row segment x[0, n) of A (n = kr, starting at a block boundary) for the AVX2 loop: its exponents e and
+ * float32 values f, and fa[b] = 1 for each block b of k that holds a NaN or an infinity. Returns 1 where the
+ * AVX2 loop cannot take a value (the caller then runs the integer loop on everything). */
+CLONES static int lean_row(const void *x, int x32, Py_ssize_t n, int k, int emin, int32_t *e, float *f, uint8_t *fa)
+{
+    int bad = 0;
+    for (Py_ssize_t b0 = 0; b0 < n; b0 += k) {
+        const Py_ssize_t b1 = b0 + k < n ? b0 + k : n;
+        int nf = 0;
+        if (x32)
+            for (Py_ssize_t i = b0; i < b1; i++)
+                bad |= lean_f(((const float *)x)[i], emin, e + i, f + i, &nf);
+        else
+            for (Py_ssize_t i = b0; i < b1; i++)
+                bad |= lean_d(((const double *)x)[i], emin, e + i, f + i, &nf);
+        if (nf)
+            fa[b0 / k] = 1;
+    }
+    return bad;
+}
+
+/* Block bi (rows [bi k, bi k + k) of [0, kr)) of B (x: the Kp x N values from row k0 on, float32 or float64),
+ * packed for the AVX2 loop as [block][pair of 8-lane vectors][row in block][16 int16 exponents, 16 float32
+ * values] (lean_f/lean_d), so that a block's B for a group of lanes is one contiguous run; rows past kr and
+ * lanes past N (the last vector may be partial, and a last odd vector has no pair) are zeros (exponent
+ * ZERO_EXP). fb[j] = 1 for each column j whose block holds a NaN or an infinity. Returns 1 where the AVX2
+ * loop cannot take a value. */
+CLONES static int pack_b(const void *x, int x32, Py_ssize_t kr, Py_ssize_t N, int k, int emin, Py_ssize_t bi,
+                         float *out, uint8_t *fb)
+{
+    const Py_ssize_t npt = ((N + 7) / 8 + 1) / 2;
     int bad = 0;
     for (Py_ssize_t pv = 0; pv < npt; pv++)
         for (int l = 0; l < k; l++) {
@@ -253,65 +308,22 @@ static int pack_b(const double *b, const int32_t *e, Py_ssize_t kr, Py_ssize_t N
             int16_t ex16[16];
             for (int t = 0; t < 16; t++) {
                 Py_ssize_t j = pv * 16 + t;
-                int in = r < kr && j < nvt * 8;
-                int32_t ex = in ? e[r * N + j] : ZERO_EXP;
-                int z = ex == ZERO_EXP;
-                bad |= (!z) & ((ex < -40) | (ex > 40));
+                int32_t ex = ZERO_EXP;
+                float f = 0.0f;
+                if (r < kr && j < N) {
+                    int nf = 0;
+                    bad |= x32 ? lean_f(((const float *)x)[r * N + j], emin, &ex, &f, &nf)
+                               : lean_d(((const double *)x)[r * N + j], emin, &ex, &f, &nf);
+                    fb[j] |= (uint8_t)nf;
+                }
                 ex16[t] = (int16_t)ex;
-                o[8 + t] = z ? 0.0f : (float)b[r * N + j];
+                o[8 + t] = f;
             }
             memcpy(o, ex16, sizeof ex16);
         }
-    return !bad;
+    return bad;
 }
 
-
-
-#if HAVE_AVX2_PATH
-/* Pass 3 for lanes [0, n4) (n4 a multiple of 4) where the AVX2 loop ran. y = (acc + qc) 2**L is exact in a
- * double (|acc + qc| < 2**53, 2**-1000 <= 2**L <= 2**1000). Where the result is a normal number of the
- * output format (the common case), rounding to mb fraction bits is a mask of y's low 52 - mb bits (RZ) or
- * the carry trick below it (RNE), four lanes at a time and without a branch; if any lane is another case
- * (an output subnormal, an overflow), finish() redoes them all. */
-__attribute__((target("avx2,fma"))) static void finish_avx2(const int32_t *emax, const double *acc,
-                                                           const double *cf, double *cout, int n4,
-                                                           const prm_t *p)
-{
-    const int drop = 52 - p->mb; /* mb <= 28 (checked), so 24 <= drop <= 52 */
-    const __m128i sh0 = _mm_set1_epi32(23 + p->neab), lmin = _mm_set1_epi32(-1000), lmax = _mm_set1_epi32(1000);
-    const __m256i bias = _mm256_set1_epi64x(1023), absm = _mm256_set1_epi64x(0x7fffffffffffffffLL);
-    const __m256i keep = _mm256_set1_epi64x((int64_t)(~((1ULL << drop) - 1)));
-    const __m256i halfm1 = _mm256_set1_epi64x((int64_t)((1ULL << (drop - 1)) - 1)), one = _mm256_set1_epi64x(1);
-    const __m256i big = _mm256_set1_epi64x((int64_t)d2bits(pow2v(p->emax_out + 1)));
-    const __m256i small = _mm256_set1_epi64x((int64_t)d2bits(pow2v(p->emin_out)) - 1);
-    const __m256i zero = _mm256_setzero_si256();
-    __m256i allok = _mm256_set1_epi64x(-1);
-    for (int j = 0; j < n4; j += 4) {
-        __m128i l32 = _mm_sub_epi32(_mm_loadu_si128((const __m128i *)(emax + j)), sh0);
-        __m256i L = _mm256_cvtepi32_epi64(_mm_min_epi32(_mm_max_epi32(l32, lmin), lmax));
-        __m256d pL = _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_add_epi64(L, bias), 52));
-        __m256d pnL = _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_sub_epi64(bias, L), 52));
-        __m256d qc = _mm256_round_pd(_mm256_mul_pd(_mm256_loadu_pd(cf + j), pnL), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-        __m256i yb = _mm256_castpd_si256(_mm256_mul_pd(_mm256_add_pd(_mm256_loadu_pd(acc + j), qc), pL));
-        __m256i ay = _mm256_and_si256(yb, absm);
-        __m256i rb = p->rne ? _mm256_add_epi64(yb, _mm256_add_epi64(halfm1, _mm256_and_si256(_mm256_srli_epi64(yb, drop), one)))
-                            : yb;
-        rb = _mm256_and_si256(rb, keep);
-        /* fast where y is 0 or a normal of the output format, and the rounded value does not overflow */
-        __m256i ok = _mm256_or_si256(_mm256_cmpeq_epi64(ay, zero), _mm256_cmpgt_epi64(ay, small));
-        ok = _mm256_andnot_si256(_mm256_cmpgt_epi64(_mm256_and_si256(rb, absm), _mm256_sub_epi64(big, one)), ok);
-        _mm256_storeu_pd(cout + j, _mm256_castsi256_pd(rb));
-        allok = _mm256_and_si256(allok, ok);
-    }
-    /* rare: redo every lane the general way (it reads emax, acc and cf only, never cout) */
-    if (_mm256_movemask_pd(_mm256_castsi256_pd(allok)) != 0xf) {
-        if (p->rne)
-            finish(emax, acc, cf, cout, n4, p, 1);
-        else
-            finish(emax, acc, cf, cout, n4, p, 0);
-    }
-}
-#endif
 
 
 #if HAVE_AVX2_PATH
@@ -337,8 +349,8 @@ __attribute__((noinline)) static void finish_lanes(const int32_t *emax, const do
  * an add. q: the packed B of this block at the first pair of vectors (see pack_b): per pair of vectors, per
  * product row l, 16 int16 exponents then 16 float32 values, so that the block's B for a group of lanes is one
  * contiguous run. E_max is found in int16 lanes (16 outputs per instruction; the exponents of values fit, and
- * the saturating add keeps the zeros' ZERO_EXP sums, now -32768, below any real exponent). Pass 3 as
- * finish_avx2, per 4-lane chunk. cin/cout: the group's chain values (cout may be cin: each chunk is read
+ * the saturating add keeps the zeros' ZERO_EXP sums, now -32768, below any real exponent). Pass 3 per
+ * 4-lane chunk, a mask where the result is normal. cin/cout: the group's chain values (cout may be cin: each chunk is read
  * before it is written, and the rare general rounding takes its inputs from registers). The group's
  * non-finite addends go to cnf only when it has one (the caller keeps cnf zero otherwise); returns whether
  * it had one. */
@@ -418,8 +430,11 @@ fused_group(const prm_t *p, const float *af, const int32_t *ea, const float *q, 
             a1[u] = _mm256_add_pd(a1[u], x1);
         }
     }
-    /* pass 3 (as finish_avx2): add the truncated addend, round by a mask where the result is a normal number
-     * of the output format; a 4-lane chunk with another case is redone by finish() */
+    /* pass 3: add the truncated addend; y = (acc + qc) 2**L is exact in a double (|acc + qc| < 2**53,
+     * 2**-1000 <= 2**L <= 2**1000). Where the result is a normal number of the output format (the common case),
+     * rounding to mb fraction bits is a mask of y's low 52 - mb bits (RZ) or the carry trick below it (RNE),
+     * four lanes at a time and without a branch; a 4-lane chunk with another case (an output subnormal, an
+     * overflow) is redone by finish() */
     {
         const int drop = 52 - p->mb;
         const __m128i sh0 = _mm_set1_epi32(23 + p->neab);
@@ -463,15 +478,20 @@ fused_group(const prm_t *p, const float *af, const int32_t *ea, const float *q, 
     return anys;
 }
 
-/* Lanes [j0, j0 + 8 nv) (j0 a multiple of 16) of row i, the block of klen products at kl (a multiple of k),
- * all passes (fused_group). Returns whether an addend was non-finite (cnf as fused_group). */
+/* Lanes [j0, j0 + nt) (j0 a multiple of 16) of row i, the block of klen products at kl (a multiple of k),
+ * all passes (fused_group). A last partial vector (nt not a multiple of 8) runs with its pair's other
+ * vector, if any, on copies padded with zeros (pack_b pads B there), and only its lanes are written back.
+ * Returns whether an addend was non-finite (cnf as fused_group). */
 __attribute__((target("avx2,fma"))) static int fused_avx2(const job_t *J, const float *af, const int32_t *ea,
-                                                         Py_ssize_t kl, Py_ssize_t j0, int nv, int klen,
+                                                         Py_ssize_t kl, Py_ssize_t j0, int nt, int klen,
                                                          const double *cin, double *cout, double *cnf)
 {
     const int k = J->p->k;
-    const Py_ssize_t npt = (J->N / 8 + 1) / 2;
+    const Py_ssize_t npt = ((J->N + 7) / 8 + 1) / 2;
     const float *q = J->bf + ((kl / k) * npt + j0 / 16) * (Py_ssize_t)k * 24;
+    const int nfull = nt / 8, rem = nt % 8;
+    /* full vectors before the tail group: all of them, or those before the partial vector's pair */
+    const int nv = rem ? nfull & ~1 : nfull;
     int v = 0, s = 0;
     for (; v + 4 <= nv; v += 4)
         s |= fused_group(J->p, af, ea, q + (Py_ssize_t)(v / 2) * k * 24, klen, k, cin + 8 * v, cout + 8 * v, cnf + 8 * v, 4);
@@ -479,6 +499,18 @@ __attribute__((target("avx2,fma"))) static int fused_avx2(const job_t *J, const 
         s |= fused_group(J->p, af, ea, q + (Py_ssize_t)(v / 2) * k * 24, klen, k, cin + 8 * v, cout + 8 * v, cnf + 8 * v, 2);
     if (v < nv)
         s |= fused_group(J->p, af, ea, q + (Py_ssize_t)(v / 2) * k * 24, klen, k, cin + 8 * v, cout + 8 * v, cnf + 8 * v, 1);
+    if (rem) { /* v = nv, even: the pair of the partial vector */
+        const int n = nt - 8 * v, NV = n > 8 ? 2 : 1;
+        double ti[16] = {0.0}, to[16], tn[16];
+        memcpy(ti, cin + 8 * v, sizeof(double) * (size_t)n);
+        const float *qv = q + (Py_ssize_t)(v / 2) * k * 24;
+        int sp = NV == 2 ? fused_group(J->p, af, ea, qv, klen, k, ti, to, tn, 2)
+                         : fused_group(J->p, af, ea, qv, klen, k, ti, to, tn, 1);
+        memcpy(cout + 8 * v, to, sizeof(double) * (size_t)n);
+        if (sp)
+            memcpy(cnf + 8 * v, tn, sizeof(double) * (size_t)n);
+        s |= sp;
+    }
     return s;
 }
 #endif
@@ -500,16 +532,12 @@ CLONES static int block_row(const job_t *J, Py_ssize_t i, Py_ssize_t j0, int nt,
     int anyspec = 0;
     const int32_t *ma = J->ma + i * J->kr + kl;
     const int32_t *ea = J->ea + i * J->kr + kl;
-    int jlo = 0; /* lanes [0, jlo) done by the fused AVX2 loop, the rest by the integer loop below */
-#if HAVE_AVX2_PATH
-    if (J->af && !J->rowwise) {
-        jlo = nt & ~7;
-        if (jlo) /* k: klen here */
-            anyspec = fused_avx2(J, J->af + i * J->kr + kl, ea, kl, j0, jlo / 8, k, cin, cout, cnf);
-    }
+    #if HAVE_AVX2_PATH
+    if (J->af) /* every lane in the fused AVX2 loop (k: klen here) */
+        return fused_avx2(J, J->af + i * J->kr + kl, ea, kl, j0, nt, k, cin, cout, cnf);
 #endif
     /* pass 0: the addend's binary32 exponent (chain values are never double subnormals) */
-    for (int j = jlo; j < nt; j++) {
+    for (int j = 0; j < nt; j++) {
         double c = cin[j];
         uint64_t bits = d2bits(c);
         int32_t ef = (int32_t)((bits >> 52) & 0x7ff);
@@ -558,23 +586,23 @@ CLONES static int block_row(const job_t *J, Py_ssize_t i, Py_ssize_t j0, int nt,
     for (int l = 0; l < k; l++) {
         const int32_t eai = ea[l];
         const int32_t *ebl = J->eb + (kl + l) * J->N + j0;
-        for (int j = jlo; j < nt; j++) {
+        for (int j = 0; j < nt; j++) {
             int32_t e = eai + ebl[j];
             emax[j] = e > emax[j] ? e : emax[j];
         }
     }
     /* pass 2: truncated products, summed exactly (int32 chunks that cannot overflow, then doubles) */
-    for (int j = jlo; j < nt; j++)
+    for (int j = 0; j < nt; j++)
         acc[j] = 0.0;
     for (int l0 = 0; l0 < k; l0 += cs) {
         int l1 = l0 + cs < k ? l0 + cs : k;
-        for (int j = jlo; j < nt; j++)
+        for (int j = 0; j < nt; j++)
             acc32[j] = 0;
         for (int l = l0; l < l1; l++) {
             const int32_t mai = ma[l], eai = ea[l] - c0;
             const int32_t *mbl = J->mbv + (kl + l) * J->N + j0;
             const int32_t *ebl = J->eb + (kl + l) * J->N + j0;
-            for (int j = jlo; j < nt; j++) {
+            for (int j = 0; j < nt; j++) {
                 int32_t m = mai * mbl[j];
                 int32_t sh = emax[j] - eai - ebl[j];
                 sh = sh < 31 ? sh : 31;
@@ -583,23 +611,15 @@ CLONES static int block_row(const job_t *J, Py_ssize_t i, Py_ssize_t j0, int nt,
                 acc32[j] += ((am >> sh) ^ s) - s;
             }
         }
-        for (int j = jlo; j < nt; j++)
+        for (int j = 0; j < nt; j++)
             acc[j] += (double)acc32[j];
     }
 pass3:;
     /* pass 3: add the truncated addend, round to mb bits, store */
-    int jf = jlo;
-#if HAVE_AVX2_PATH
-    if (J->af) {
-        jf = nt & ~3;
-        if (jf > jlo)
-            finish_avx2(emax + jlo, acc + jlo, cf + jlo, cout + jlo, jf - jlo, p);
-    }
-#endif
     if (p->rne)
-        finish(emax + jf, acc + jf, cf + jf, cout + jf, nt - jf, p, 1);
+        finish(emax, acc, cf, cout, nt, p, 1);
     else
-        finish(emax + jf, acc + jf, cf + jf, cout + jf, nt - jf, p, 0);
+        finish(emax, acc, cf, cout, nt, p, 0);
     return anyspec;
 }
 
@@ -617,7 +637,15 @@ static void run_tile(const job_t *JB, Py_ssize_t t)
             Jl.af += bt * M * kr;
             Jl.bf += bt * packed_b_size(kr, N, JB->p->k);
         }
-        Jl.A += bt * M * Kp; Jl.B += bt * Kp * N; Jl.fa += bt * M * nb; Jl.fb += bt * nb * N; Jl.D += bt * M * N;
+        if (Jl.A32)
+            Jl.A32 += bt * M * Kp;
+        else
+            Jl.A += bt * M * Kp;
+        if (Jl.B32)
+            Jl.B32 += bt * Kp * N;
+        else
+            Jl.B += bt * Kp * N;
+        Jl.fa += bt * M * nb; Jl.fb += bt * nb * N; Jl.D += bt * M * N;
     }
     const prm_t *p = J->p;
     Py_ssize_t ti = t / J->tiles_n, tj = t % J->tiles_n;
@@ -730,20 +758,6 @@ CLONES static void decompose(const double *x, Py_ssize_t n, int mbits, int emin,
     }
 }
 
-/* x as float32 where its decomposed exponent e is in [-40, 40], 0 for zeros and non-finite values (their
- * blocks are redone by block_special); returns 0 if an exponent is out of that range. The inputs have at
- * most 12 significant bits here, so the conversion is exact. */
-static int to_f32(const double *x, const int32_t *e, Py_ssize_t n, float *out)
-{
-    int bad = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int z = e[i] == ZERO_EXP;
-        bad |= (!z) & ((e[i] < -40) | (e[i] > 40));
-        out[i] = z ? 0.0f : (float)x[i];
-    }
-    return !bad;
-}
-
 static int use_avx2(void) { return impl_mode != 1 && have_avx2(); }
 
 static PyObject *impl(PyObject *self, PyObject *args)
@@ -772,14 +786,17 @@ static PyObject *impl(PyObject *self, PyObject *args)
     return PyUnicode_FromString(was);
 }
 
-/* The inputs' preparation outside dot mode (decomposition, NaN/inf flags, the AVX2 loop's float32 copies),
- * split over threads: A by rows, B by blocks of k rows of Kp, so that every flag byte and packed block is
- * written by one thread. */
+/* The inputs' preparation outside dot mode, split over threads: A by rows, B by blocks of k rows of Kp, so
+ * that every flag byte and packed block is written by one thread. With af set (the AVX2 loop): A's exponents
+ * and float32 copies, B packed (lean_row, pack_b), straight from the caller's float32 or float64 values; bad
+ * is set where a value does not suit that loop. Else the integer loop's decomposition of the float64 values. */
 typedef struct {
-    const double *A, *B;
+    const double *A, *B;     /* float64 values (the integer loop) */
+    const void *Ar, *Br;     /* the caller's values, float32 where a32 / b32 (the AVX2 loop) */
+    int a32, b32;
     int32_t *ma, *ea, *mbv, *eb;
     uint8_t *fa, *fb;
-    float *af, *bf; /* NULL: no float32 copies */
+    float *af, *bf; /* NULL: the integer loop */
     Py_ssize_t M, N, Kp, k0, kr, nb, nbatch;
     const prm_t *p;
     int nthreads, tid, bad;
@@ -791,18 +808,30 @@ static void *prep_worker(void *arg)
     const prm_t *p = P->p;
     const Py_ssize_t M = P->M, N = P->N, Kp = P->Kp, k0 = P->k0, kr = P->kr, nb = P->nb;
     const int k = p->k;
+    const size_t sa = P->a32 ? sizeof(float) : sizeof(double), sb = P->b32 ? sizeof(float) : sizeof(double);
     for (Py_ssize_t bt = 0; bt < P->nbatch; bt++) {
-        const double *a = P->A + bt * M * Kp, *b = P->B + bt * Kp * N;
-        int32_t *ma = P->ma + bt * M * kr, *ea = P->ea + bt * M * kr;
-        int32_t *mbv = P->mbv + bt * kr * N, *eb = P->eb + bt * kr * N;
+        int32_t *ea = P->ea + bt * M * kr;
         uint8_t *fa = P->fa + bt * M * nb, *fb = P->fb + bt * nb * N;
+        if (P->af) {
+            const char *a = (const char *)P->Ar + sa * (size_t)(bt * M * Kp);
+            const char *b = (const char *)P->Br + sb * (size_t)(bt * Kp * N);
+            float *af = P->af + bt * M * kr, *bf = P->bf + bt * packed_b_size(kr, N, k);
+            for (Py_ssize_t i = P->tid; i < M; i += P->nthreads) /* k0 is a multiple of k */
+                P->bad |= lean_row(a + sa * (size_t)(i * Kp + k0), P->a32, kr, k, p->emin_in, ea + i * kr,
+                                   af + i * kr, fa + i * nb + k0 / k);
+            for (Py_ssize_t bi = P->tid; bi < (kr + k - 1) / k; bi += P->nthreads)
+                P->bad |= pack_b(b + sb * (size_t)(k0 * N), P->b32, kr, N, k, p->emin_in, bi, bf,
+                                 fb + (k0 / k + bi) * N);
+            continue;
+        }
+        const double *a = P->A + bt * M * Kp, *b = P->B + bt * Kp * N;
+        int32_t *ma = P->ma + bt * M * kr;
+        int32_t *mbv = P->mbv + bt * kr * N, *eb = P->eb + bt * kr * N;
         for (Py_ssize_t i = P->tid; i < M; i += P->nthreads) {
             decompose(a + i * Kp + k0, kr, p->mbits_in, p->emin_in, p->G, ma + i * kr, ea + i * kr);
             for (Py_ssize_t kk = 0; kk < Kp; kk++)
                 if (!isfinite(a[i * Kp + kk]))
                     fa[i * nb + kk / k] = 1;
-            if (P->af && !to_f32(a + i * Kp + k0, ea + i * kr, kr, P->af + bt * M * kr + i * kr))
-                P->bad = 1;
         }
         for (Py_ssize_t bi = P->tid; bi < nb; bi += P->nthreads) {
             Py_ssize_t r0 = bi * k, r1 = r0 + k < Kp ? r0 + k : Kp;
@@ -811,11 +840,8 @@ static void *prep_worker(void *arg)
                     if (!isfinite(b[kk * N + j]))
                         fb[bi * N + j] = 1;
             Py_ssize_t d0 = r0 > k0 ? r0 : k0, d1 = r1 < k0 + kr ? r1 : k0 + kr;
-            if (d0 < d1) { /* k0 is a multiple of k: this is block (d0 - k0) / k of [k0, k0 + kr) */
+            if (d0 < d1)
                 decompose(b + d0 * N, (d1 - d0) * N, p->mbits_in, p->emin_in, 0, mbv + (d0 - k0) * N, eb + (d0 - k0) * N);
-                if (P->bf && !pack_b(b + k0 * N, eb, kr, N, k, (d0 - k0) / k, P->bf + bt * packed_b_size(kr, N, k)))
-                    P->bad = 1;
-            }
         }
     }
     return NULL;
@@ -944,33 +970,44 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
         mbv = (int32_t *)(buf + off[2]); eb = (int32_t *)(buf + off[3]);
         fa = (uint8_t *)(buf + off[4]); fb = (uint8_t *)(buf + off[5]);
         memset(fa, 0, off[6] - off[4]);
-        if (a32) {
+        int lean = 0;
+        if (want_f32) { /* the AVX2 loop where its conditions hold (see fused_group; tiles start at pairs of
+                         * vectors), prepared straight from the caller's values */
+            af32 = (float *)(buf + off[6]);
+            bf32 = (float *)(buf + off[7]);
+            prep_t pj[64];
+            int np = clamp_threads(nthreads, M > nb ? M : nb);
+            for (int t = 0; t < np; t++)
+                pj[t] = (prep_t){NULL, NULL, A.buf, B.buf, a32, b32, ma, ea, mbv, eb, fa, fb, af32, bf32,
+                                 M, N, Kp, k0, kr, nb, nbatch, &p, np, t, 0};
+            run_jobs(pj, sizeof pj[0], np, prep_worker);
+            lean = 1;
+            for (int t = 0; t < np; t++)
+                lean &= !pj[t].bad;
+            if (!lean) { /* a value out of the AVX2 loop's range: the integer loop on everything (same bits) */
+                af32 = bf32 = NULL;
+                memset(fa, 0, off[6] - off[4]);
+            }
+        }
+        /* the integer loop (and the special blocks) take float64 values: float32 operands (the training
+         * runtime's) are widened into the work buffer, which saves the caller a float64 copy of its own */
+        if (a32 && !lean) {
             double *w = (double *)(buf + off[8]);
             widen(A.buf, nA, w);
             Ad = w;
         }
-        if (b32) {
+        if (b32 && !lean) {
             double *w = (double *)(buf + off[9]);
             widen(B.buf, nB, w);
             Bd = w;
         }
-        if (want_f32) { /* the AVX2 loop where its conditions hold (see fused_group; tiles start at pairs of vectors) */
-            af32 = (float *)(buf + off[6]);
-            bf32 = (float *)(buf + off[7]);
-        }
-        if (!rowwise) {
+        if (!rowwise && !lean) {
             prep_t pj[64];
             int np = clamp_threads(nthreads, M > nb ? M : nb);
-            for (int t = 0; t < np; t++) {
-                pj[t] = (prep_t){Ad, Bd, ma, ea, mbv, eb, fa, fb, af32, bf32,
-                                 M, N, Kp, k0, kr, nb, nbatch, &p, np, t, 0};
-            }
-            run_jobs(pj, sizeof pj[0], np, prep_worker);
-            int bad = 0;
             for (int t = 0; t < np; t++)
-                bad |= pj[t].bad;
-            if (bad) /* an exponent out of the AVX2 loop's range: the integer loop (the same bits) */
-                af32 = bf32 = NULL;
+                pj[t] = (prep_t){Ad, Bd, NULL, NULL, 0, 0, ma, ea, mbv, eb, fa, fb, NULL, NULL,
+                                 M, N, Kp, k0, kr, nb, nbatch, &p, np, t, 0};
+            run_jobs(pj, sizeof pj[0], np, prep_worker);
         }
       for (Py_ssize_t bt = 0; bt < nbatch && rowwise; bt++) { /* dot mode: A is Kp x N like B */
         const double *a = Ad, *b = Bd;
@@ -990,7 +1027,9 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
         job_t base;
         base.ma = ma; base.ea = ea; base.mbv = mbv; base.eb = eb;
         base.af = af32; base.bf = bf32;
-        base.A = Ad; base.B = Bd;
+        base.A = Ad; base.B = Bd; /* the caller's float32 values where lean left them unwidened */
+        base.A32 = a32 && lean ? (const float *)A.buf : NULL;
+        base.B32 = b32 && lean ? (const float *)B.buf : NULL;
         base.fa = fa; base.fb = fb; base.D = (double *)D.buf;
         base.M = M; base.N = N; base.Kp = Kp; base.k0 = k0; base.kr = kr; base.nb = nb;
         base.MT = MT; base.NT = NT; base.p = &p; base.rowwise = rowwise;

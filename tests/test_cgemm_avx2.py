@@ -331,3 +331,33 @@ def test_float32_operands_widened_in_the_kernel(spec: str) -> None:
         assert np.array_equal(_bits(d), _bits(ref))
     with pytest.raises(ValueError, match="float32"):
         C.bfma_gemm(a32[:, :, :-1].copy(), b, np.zeros((3, 6, 40)), 6, 40, kk, 0, kk, kern.params, 1, 4, 32, 0, 3)
+
+
+@pytest.mark.parametrize("spec", ["h100:fp16", "a100:bf16", "h100:fp8_e5m2:fp16"])
+def test_float32_operands_prepared_lean_every_tail_group(spec: str) -> None:
+    """float32 operands are prepared for the AVX2 loop straight from their bits (no float64 copy): every shape
+    of the last group of lanes (a partial vector alone, or with the full vector of its pair; past a 128-lane
+    tile), NaN/inf in A and B, and values the AVX2 loop cannot take (beyond 2**+-40; bf16 subnormals, which
+    are float32 subnormals), which send the whole call to the integer loop: the same bits as the reference."""
+    m = fpsim.mma.as_model(spec)
+    rng = np.random.default_rng(3037)
+    ki = m.instruction_k
+    has_inf = bool(np.isinf(float(G.convert_inputs(np.array([np.inf]), m.b_format, None, "B")[0])))
+    for nn in (1, 5, 13, 20, 27, 64 + 3, 128 + 13, 128 + 24):
+        kk = 2 * ki + 3
+        a = np.asarray(G.convert_inputs(_values(rng, (2, 5, kk), m.input, 5), m.input, None, "A"), np.float32)
+        b = np.asarray(G.convert_inputs(_values(rng, (kk, nn), m.input, 5), m.b_format, None, "B"), np.float32)
+        variants = [(a, b)]
+        a2, b2 = a.copy(), b.copy()
+        a2[1, 2, ki + 1] = np.nan
+        b2[kk - 1, nn - 1] = np.inf if has_inf else np.nan
+        variants.append((a2, b2))
+        for v in (2.0**41, 2.0**-41, m.input.min_subnormal):
+            a3 = a.copy()
+            a3[0, 0, 1] = np.float32(G.convert_inputs(np.array([v]), m.input, None, "A")[0])
+            variants.append((a3, b))
+        for x, y in variants:
+            ref = np.asarray(fpsim.matmul(x.astype(np.float64), y.astype(np.float64), model=m), np.float32)
+            assert_all_same(lambda: G._matmul_values(x, y, None, m))
+            got = G._matmul_values(x, y, None, m)
+            assert np.array_equal(_bits(got), _bits(ref)), (spec, nn)
