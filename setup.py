@@ -64,10 +64,12 @@ class BdistWheel(bdist_wheel):
 
 setup(
     ext_modules=[
-        # _csink.h: the interface by which the kernel hands rounded blocks to _carith (analyze, to_bits)
-        Extension("fpsim._ckernel", sources=["fpsim/_ckernel.c"], depends=["fpsim/_csink.h"], optional=True),
+        # _csink.h: the interface by which the kernel hands rounded blocks to _carith (analyze, to_bits);
+        # _cpool.h: the worker threads kept between calls (both kernels)
+        Extension("fpsim._ckernel", sources=["fpsim/_ckernel.c"], depends=["fpsim/_csink.h", "fpsim/_cpool.h"],
+                  optional=True),
         # the compiled block-FMA GEMM (fpsim/mma/gemm.py); without it fpsim.mma runs its NumPy reference
-        Extension("fpsim._cgemm", sources=["fpsim/_cgemm.c"], optional=True),
+        Extension("fpsim._cgemm", sources=["fpsim/_cgemm.c"], depends=["fpsim/_cpool.h"], optional=True),
         # FTZ/DAZ and rounding-mode control (fpsim/_fpenv.py); without it fpsim refuses to run in a thread that
         # flushes subnormals or rounds in a directed mode
         Extension("fpsim._cfpenv", sources=["fpsim/_cfpenv.c"], optional=True),

@@ -21,7 +21,7 @@
  * inf*0, or both infinities) or the infinity, exactly as fpsim.mma.model.specials.
  *
  * AVX2 loop (issue 30; fused_group), used where the CPU has AVX2, impl() allows it
- * and the inputs have <= 12 significant bits with exponents in [-40, 40]: steps 1-4 in float32 lanes (each
+ * and the inputs have <= 12 significant bits and each operand's exponents span <= 111 binades (operand_shift): steps 1-4 in float32 lanes (each
  * product exact, Q_i one scaling and one truncating conversion) on a packed B, step 5 as a mask on the
  * double's bits where the result is a normal number of the output format. The integer loop below is the
  * reference beside it and runs everything else (tails past the last 8-lane vector, dot mode, other inputs).
@@ -39,6 +39,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "_cpool.h"
 
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
 #define CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
@@ -59,6 +61,7 @@
 typedef struct {
     int k, nblk, late, mbits_in, emin_in, neab, has_mel, mel, mb, rne, emin_out, emax_out, mbits_out, cs;
     int G, c0;
+    int fsh; /* the AVX2 loop's operands are a 2**sa and b 2**sb (see scale_operands): fsh = sa + sb */
 } prm_t;
 
 typedef struct {
@@ -239,54 +242,65 @@ static Py_ssize_t packed_b_size(Py_ssize_t kr, Py_ssize_t N, int k)
     return ((kr + k - 1) / k) * (((N + 7) / 8 + 1) / 2) * k * 24;
 }
 
-/* The AVX2 loop's view of one input value x (a value of the input format, so exact in float32 where its
- * exponent is in range): its decomposed exponent e = max(floor(log2|x|), emin) (ZERO_EXP for a zero or a
- * non-finite x) and x as float32 (0 for those). *nf |= x is non-finite; returns 1 where the AVX2 loop cannot
- * take x (e outside [-40, 40], see fused_group; a float32 subnormal is far outside). */
-static inline int lean_f(float x, int emin, int32_t *e, float *f, int *nf)
+/* The AVX2 loop's view of one input value x (a value of the input format, so exact in float32): its
+ * decomposed exponent e = max(floor(log2|x|), emin) (ZERO_EXP for a zero or a non-finite x) and x as float32
+ * (0 for those). *nf |= x is non-finite; *lo / *hi: the least / greatest floor(log2|x|) of the finite
+ * non-zero values (scale_operands). Returns 1 where the AVX2 loop cannot take x: not a normal float32 (a
+ * bf16 subnormal is a float32 subnormal). */
+static inline int lean_f(float x, int emin, int32_t *e, float *f, int *nf, int32_t *lo, int32_t *hi)
 {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
     int32_t ef = (int32_t)((u >> 23) & 0xff);
-    int32_t ex = ef - 127 > emin ? ef - 127 : emin;
+    int32_t t = ef - 127, ex = t > emin ? t : emin;
     int zero = (u & 0x7fffffffu) == 0, inf_nan = ef == 0xff;
     int z = zero | inf_nan;
     *nf |= inf_nan;
     *e = z ? ZERO_EXP : ex;
     *f = z ? 0.0f : x;
-    return (!z) & ((ef == 0) | (ex < -40) | (ex > 40));
+    int32_t tl = z ? 1000 : t, th = z ? -1000 : t;
+    *lo = tl < *lo ? tl : *lo;
+    *hi = th > *hi ? th : *hi;
+    return (!z) & (ef == 0);
 }
 
-static inline int lean_d(double x, int emin, int32_t *e, float *f, int *nf)
+static inline int lean_d(double x, int emin, int32_t *e, float *f, int *nf, int32_t *lo, int32_t *hi)
 {
     int32_t ef = (int32_t)(d2bits(x) >> 52) & 0x7ff;
-    int32_t ex = ef - 1023 > emin ? ef - 1023 : emin;
+    int32_t t = ef - 1023, ex = t > emin ? t : emin;
     int zero = x == 0.0, inf_nan = ef == 0x7ff;
     int z = zero | inf_nan;
     *nf |= inf_nan;
     *e = z ? ZERO_EXP : ex;
     *f = z ? 0.0f : (float)x;
-    return (!z) & ((ex < -40) | (ex > 40));
+    int32_t tl = z ? 1000 : t, th = z ? -1000 : t;
+    *lo = tl < *lo ? tl : *lo;
+    *hi = th > *hi ? th : *hi;
+    return (!z) & ((t < -126) | (t > 127));
 }
 
 /* Row segment x[0, n) of A (n = kr, starting at a block boundary) for the AVX2 loop: its exponents e and
  * float32 values f, and fa[b] = 1 for each block b of k that holds a NaN or an infinity. Returns 1 where the
  * AVX2 loop cannot take a value (the caller then runs the integer loop on everything). */
-CLONES static int lean_row(const void *x, int x32, Py_ssize_t n, int k, int emin, int32_t *e, float *f, uint8_t *fa)
+CLONES static int lean_row(const void *x, int x32, Py_ssize_t n, int k, int emin, int32_t *e, float *f, uint8_t *fa,
+                           int32_t *lo_, int32_t *hi_)
 {
     int bad = 0;
+    int32_t lo = *lo_, hi = *hi_;
     for (Py_ssize_t b0 = 0; b0 < n; b0 += k) {
         const Py_ssize_t b1 = b0 + k < n ? b0 + k : n;
         int nf = 0;
         if (x32)
             for (Py_ssize_t i = b0; i < b1; i++)
-                bad |= lean_f(((const float *)x)[i], emin, e + i, f + i, &nf);
+                bad |= lean_f(((const float *)x)[i], emin, e + i, f + i, &nf, &lo, &hi);
         else
             for (Py_ssize_t i = b0; i < b1; i++)
-                bad |= lean_d(((const double *)x)[i], emin, e + i, f + i, &nf);
+                bad |= lean_d(((const double *)x)[i], emin, e + i, f + i, &nf, &lo, &hi);
         if (nf)
             fa[b0 / k] = 1;
     }
+    *lo_ = lo;
+    *hi_ = hi;
     return bad;
 }
 
@@ -297,7 +311,7 @@ CLONES static int lean_row(const void *x, int x32, Py_ssize_t n, int k, int emin
  * ZERO_EXP). fb[j] = 1 for each column j whose block holds a NaN or an infinity. Returns 1 where the AVX2
  * loop cannot take a value. */
 CLONES static int pack_b(const void *x, int x32, Py_ssize_t kr, Py_ssize_t N, int k, int emin, Py_ssize_t bi,
-                         float *out, uint8_t *fb)
+                         float *out, uint8_t *fb, int32_t *lo, int32_t *hi)
 {
     const Py_ssize_t npt = ((N + 7) / 8 + 1) / 2;
     int bad = 0;
@@ -312,8 +326,8 @@ CLONES static int pack_b(const void *x, int x32, Py_ssize_t kr, Py_ssize_t N, in
                 float f = 0.0f;
                 if (r < kr && j < N) {
                     int nf = 0;
-                    bad |= x32 ? lean_f(((const float *)x)[r * N + j], emin, &ex, &f, &nf)
-                               : lean_d(((const double *)x)[r * N + j], emin, &ex, &f, &nf);
+                    bad |= x32 ? lean_f(((const float *)x)[r * N + j], emin, &ex, &f, &nf, lo, hi)
+                               : lean_d(((const double *)x)[r * N + j], emin, &ex, &f, &nf, lo, hi);
                     fb[j] |= (uint8_t)nf;
                 }
                 ex16[t] = (int16_t)ex;
@@ -339,11 +353,12 @@ __attribute__((noinline)) static void finish_lanes(const int32_t *emax, const do
 
 /* One block of NV (1, 2 or 4) 8-lane vectors of one row, all passes, the values kept in registers between them
  * (issue 30, second pass: the passes had been three loops through memory). Pass 0: the addend's exponent, as in
- * block_row. Passes 1-2 in float32 (the caller checks the conditions): inputs of <= 12 significant bits and
- * exponents in [-40, 40] (bfma_gemm checks both), so a*b is exact in float32 (<= 24 bits, >= 2**-102,
- * < 2**82). Q_i = trunc(a b 2**(23 + neab - E_max)) is the integer loop's sign * (|m_a m_b| 2**G >> (E_max -
- * E_i + c0)) (same value: both are the product truncated to the grid); the scale S is a power of two, so
- * a*b*S is exact unless it is below 2**-126, and then < 1 and truncated to 0 either way. |Q_i| < 2**(25 +
+ * block_row. Passes 1-2 in float32 (the caller checks the conditions): inputs of <= 12 significant bits,
+ * normal float32 values, scaled by 2**sa (A) and 2**sb (B) into exponents [-49, 62] (bfma_gemm and
+ * operand_shift), so a*b is exact in float32 (<= 24 bits, >= 2**-98, < 2**126). Q_i = trunc(a b 2**(23 +
+ * neab - E_max - sa - sb)) is the integer loop's sign * (|m_a m_b| 2**G >> (E_max - E_i + c0)) (same value:
+ * both are the product truncated to the grid; E_max from the unscaled exponents); the scale S is a power of
+ * two, so a*b*S is exact unless it is below 2**-126, and then < 1 and truncated to 0 either way. |Q_i| < 2**(25 +
  * neab) <= 2**31, so vcvttps2dq (truncation) is exact; the int32 sums are widened every cs products as in the
  * integer loop. Per product row: one broadcast of a, then per vector a load, two multiplies, a conversion and
  * an add. q: the packed B of this block at the first pair of vectors (see pack_b): per pair of vectors, per
@@ -365,19 +380,21 @@ fused_group(const prm_t *p, const float *af, const int32_t *ea, const float *q, 
     __m256 sc[4];
     __m256d a0[4], a1[4];
     int anys = 0;
-    /* pass 0: E_c (the binary32 exponent of a finite non-zero addend), at least floor_e. A zero addend gets
-     * max(-126, floor_e) instead of floor_e alone, which changes nothing here: a non-zero product has E_i >= -80
-     * (the loop's range) and wins, and with none the sum is 0 either way; a non-finite one is redone. */
+    /* pass 0: E_c (the binary32 exponent of a finite non-zero addend, at least -126), at least floor_e; a zero
+     * addend (a chain value is never a double subnormal) gets floor_e alone, as in block_row: products may lie
+     * below 2**-126 here; a non-finite one is redone. */
     {
         const __m256i e11 = _mm256_set1_epi32(0x7ff), bias = _mm256_set1_epi32(1023);
         const __m256i lofl = _mm256_set1_epi32(floor_e > -126 ? floor_e : -126);
+        const __m256i flo = _mm256_set1_epi32(floor_e), z32 = _mm256_setzero_si256();
         __m256i spec = _mm256_setzero_si256();
         for (int u = 0; u < NV; u++) {
             __m256d c0 = _mm256_loadu_pd(cin + 8 * u), c1 = _mm256_loadu_pd(cin + 8 * u + 4);
             __m256i hi = _mm256_castps_si256(_mm256_shuffle_ps(_mm256_castpd_ps(c0), _mm256_castpd_ps(c1), 0xdd));
             hi = _mm256_permute4x64_epi64(hi, 0xd8); /* the eight high words in lane order */
             __m256i ef = _mm256_and_si256(_mm256_srli_epi32(hi, 20), e11);
-            em[u] = _mm256_max_epi32(_mm256_sub_epi32(ef, bias), lofl);
+            em[u] = _mm256_blendv_epi8(_mm256_max_epi32(_mm256_sub_epi32(ef, bias), lofl), flo,
+                                       _mm256_cmpeq_epi32(ef, z32));
             spec = _mm256_or_si256(spec, _mm256_cmpeq_epi32(ef, e11));
         }
         if (!_mm256_testz_si256(spec, spec)) { /* rare: record the group's non-finite addends */
@@ -395,7 +412,7 @@ fused_group(const prm_t *p, const float *af, const int32_t *ea, const float *q, 
             eh[h] = _mm256_max_epi16(eh[h], _mm256_adds_epi16(e, _mm256_loadu_si256((const __m256i *)(q + (h * kpk + l) * 24))));
     }
     {
-        const __m256i sbias = _mm256_set1_epi32(127 + 23 + p->neab);
+        const __m256i sbias = _mm256_set1_epi32(127 + 23 + p->neab - p->fsh);
         const __m256i smax = _mm256_set1_epi32(254), smin = _mm256_set1_epi32(1);
         for (int h = 0; h < NP; h++) /* only a block of zeros has E_max < -900 (sum 0 whatever L is): then L
                                          * needs no clamp in pass 3 */
@@ -716,21 +733,11 @@ static int clamp_threads(int n, Py_ssize_t ntiles)
     return n < 1 ? 1 : n;
 }
 
-/* Run fn on jobs[0..n) (n <= 64, `size` bytes each): jobs 1.. on threads, job 0 here; a job whose thread
-   could not start runs here too. Each job owns its tiles, so the bits never depend on n. */
+/* Run fn on jobs[0..n) (n <= 64, `size` bytes each) on the module's thread pool (_cpool.h): job 0 here, the
+   others on workers. Each job owns its tiles, so the bits never depend on n. */
 static void run_jobs(void *jobs, size_t size, int n, void *(*fn)(void *))
 {
-    pthread_t th[64];
-    int started[64];
-    for (int t = 1; t < n; t++)
-        started[t] = pthread_create(&th[t], NULL, fn, (char *)jobs + (size_t)t * size) == 0;
-    fn(jobs);
-    for (int t = 1; t < n; t++) {
-        if (started[t])
-            pthread_join(th[t], NULL);
-        else
-            fn((char *)jobs + (size_t)t * size);
-    }
+    fpsim_pool_run(fn, jobs, size, n);
 }
 
 static void *worker(void *arg)
@@ -800,6 +807,8 @@ typedef struct {
     Py_ssize_t M, N, Kp, k0, kr, nb, nbatch;
     const prm_t *p;
     int nthreads, tid, bad;
+    int32_t lo_a, hi_a, lo_b, hi_b; /* the AVX2 loop's exponent ranges (lean_f), this thread's share */
+    int sa, sb;                     /* scale_worker: the scalings */
 } prep_t;
 
 static void *prep_worker(void *arg)
@@ -818,10 +827,10 @@ static void *prep_worker(void *arg)
             float *af = P->af + bt * M * kr, *bf = P->bf + bt * packed_b_size(kr, N, k);
             for (Py_ssize_t i = P->tid; i < M; i += P->nthreads) /* k0 is a multiple of k */
                 P->bad |= lean_row(a + sa * (size_t)(i * Kp + k0), P->a32, kr, k, p->emin_in, ea + i * kr,
-                                   af + i * kr, fa + i * nb + k0 / k);
+                                   af + i * kr, fa + i * nb + k0 / k, &P->lo_a, &P->hi_a);
             for (Py_ssize_t bi = P->tid; bi < (kr + k - 1) / k; bi += P->nthreads)
                 P->bad |= pack_b(b + sb * (size_t)(k0 * N), P->b32, kr, N, k, p->emin_in, bi, bf,
-                                 fb + (k0 / k + bi) * N);
+                                 fb + (k0 / k + bi) * N, &P->lo_b, &P->hi_b);
             continue;
         }
         const double *a = P->A + bt * M * Kp, *b = P->B + bt * Kp * N;
@@ -843,6 +852,47 @@ static void *prep_worker(void *arg)
             if (d0 < d1)
                 decompose(b + d0 * N, (d1 - d0) * N, p->mbits_in, p->emin_in, 0, mbv + (d0 - k0) * N, eb + (d0 - k0) * N);
         }
+    }
+    return NULL;
+}
+
+/* The float32 loop needs each product a*b exact and the scale S of fused_group a normal float32, which holds
+ * where every operand's exponents lie in [-49, 62] (products in [2**-98, 2**126): S <= 2**127 wherever a
+ * product is non-zero, and S >= 2**-126 wherever one can reach 1). Operands outside it but spanning at most
+ * 111 binades are scaled by a power of two into it (gradients of 2**-48, say): the loop then multiplies
+ * a 2**sa by b 2**sb and scales by S 2**-(sa + sb), the same exact value. *s: the scaling for [lo, hi] (the
+ * least and greatest exponent; lo > hi: no non-zero value); returns 0 where the span is too wide. */
+static int operand_shift(int32_t lo, int32_t hi, int *s)
+{
+    *s = 0;
+    if (lo > hi || (lo >= -49 && hi <= 62))
+        return 1;
+    if (hi - lo > 111)
+        return 0;
+    *s = -49 - lo;
+    return 1;
+}
+
+/* A's float32 copies times 2**sa and the values of the packed B times 2**sb (exact: into the normal range),
+ * split as prep_worker splits them. */
+static void *scale_worker(void *arg)
+{
+    prep_t *P = (prep_t *)arg;
+    const Py_ssize_t M = P->M, kr = P->kr;
+    const int k = P->p->k;
+    const double fa = ldexp(1.0, P->sa), fb = ldexp(1.0, P->sb); /* |sa|, |sb| may exceed float32's range */
+    const Py_ssize_t nblk = (kr + k - 1) / k, per = packed_b_size(kr, P->N, k) / (nblk ? nblk : 1);
+    for (Py_ssize_t bt = 0; bt < P->nbatch; bt++) {
+        float *af = P->af + bt * M * kr, *bf = P->bf + bt * packed_b_size(kr, P->N, k);
+        if (P->sa)
+            for (Py_ssize_t i = P->tid; i < M; i += P->nthreads)
+                for (Py_ssize_t l = 0; l < kr; l++)
+                    af[i * kr + l] = (float)((double)af[i * kr + l] * fa);
+        if (P->sb)
+            for (Py_ssize_t bi = P->tid; bi < nblk; bi += P->nthreads)
+                for (Py_ssize_t r = bi * per; r < (bi + 1) * per; r += 24) /* [16 int16 exponents, 16 values] */
+                    for (int t = 8; t < 24; t++)
+                        bf[r + t] = (float)((double)bf[r + t] * fb);
     }
     return NULL;
 }
@@ -929,6 +979,7 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
     p.c0 = 2 * p.mbits_in - 23 - p.neab;
     if (p.c0 < 0)
         p.c0 = 0;
+    p.fsh = 0;
     Py_ssize_t kr = k1 - k0, nb = (Kp + p.k - 1) / p.k; /* a last partial block (nblk = 1 only) */
     int err = 0;
     if (M == 0 || N == 0 || kr == 0) {
@@ -979,11 +1030,27 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
             int np = clamp_threads(nthreads, M > nb ? M : nb);
             for (int t = 0; t < np; t++)
                 pj[t] = (prep_t){NULL, NULL, A.buf, B.buf, a32, b32, ma, ea, mbv, eb, fa, fb, af32, bf32,
-                                 M, N, Kp, k0, kr, nb, nbatch, &p, np, t, 0};
+                                 M, N, Kp, k0, kr, nb, nbatch, &p, np, t, 0, 1000, -1000, 1000, -1000, 0, 0};
             run_jobs(pj, sizeof pj[0], np, prep_worker);
             lean = 1;
-            for (int t = 0; t < np; t++)
+            int32_t lo_a = 1000, hi_a = -1000, lo_b = 1000, hi_b = -1000;
+            for (int t = 0; t < np; t++) {
                 lean &= !pj[t].bad;
+                lo_a = pj[t].lo_a < lo_a ? pj[t].lo_a : lo_a;
+                hi_a = pj[t].hi_a > hi_a ? pj[t].hi_a : hi_a;
+                lo_b = pj[t].lo_b < lo_b ? pj[t].lo_b : lo_b;
+                hi_b = pj[t].hi_b > hi_b ? pj[t].hi_b : hi_b;
+            }
+            int sa = 0, sb = 0;
+            lean = lean && operand_shift(lo_a, hi_a, &sa) && operand_shift(lo_b, hi_b, &sb);
+            p.fsh = sa + sb;
+            if (lean && (sa || sb)) {
+                for (int t = 0; t < np; t++) {
+                    pj[t].sa = sa;
+                    pj[t].sb = sb;
+                }
+                run_jobs(pj, sizeof pj[0], np, scale_worker);
+            }
             if (!lean) { /* a value out of the AVX2 loop's range: the integer loop on everything (same bits) */
                 af32 = bf32 = NULL;
                 memset(fa, 0, off[6] - off[4]);
@@ -1261,7 +1328,8 @@ static PyMethodDef methods[] = {
      "rowwise: M = 1, nbatch = 1, A is Kp x N and D[j] chains sum_k A[k, j] * B[k, j] (dot)."},
     {"impl", impl, METH_VARARGS,
      "impl([name]): the previous choice of the block-FMA GEMM's inner loop, then sets it to name if given: 'auto' "
-     "(AVX2 where the CPU has it and the inputs allow: at most 12 significant bits, exponents within [-40, 40]), "
+     "(AVX2 where the CPU has it and the inputs allow: at most 12 significant bits, normal float32 values, each "
+     "operand's exponents within 111 binades), "
      "'scalar' (the integer reference loop) or 'avx2' (as auto; ValueError without AVX2). The bits are the same."},
     {"generic_gemm", generic_gemm, METH_VARARGS,
      "generic_gemm(A, B, D, M, N, K, params, nthreads, MT, NT): D (M x N float64, the addends, in place) "
@@ -1275,6 +1343,7 @@ static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_cgemm",
 
 PyMODINIT_FUNC PyInit__cgemm(void)
 {
+    fpsim_pool_init();
     PyObject *m = PyModule_Create(&moddef);
     /* bfma_gemm takes float32 operands (and widens them itself): fpsim/mma/gemm.py passes them only then */
     if (m && PyModule_AddIntConstant(m, "FLOAT32_OPERANDS", 1) < 0) {

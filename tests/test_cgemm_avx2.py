@@ -361,3 +361,31 @@ def test_float32_operands_prepared_lean_every_tail_group(spec: str) -> None:
             assert_all_same(lambda: G._matmul_values(x, y, None, m))
             got = G._matmul_values(x, y, None, m)
             assert np.array_equal(_bits(got), _bits(ref)), (spec, nn)
+
+
+@pytest.mark.parametrize("spec", ["h100:bf16", "a100:bf16", "a100:tf32", "h100:tf32", "h100:fp16"])
+def test_operands_scaled_into_the_float32_loop(spec: str) -> None:
+    """Operands far from 1 (bf16 gradients of 2**-60, large activations) run the float32 loop scaled by a power
+    of two per operand; products below 2**-126 then meet zero, tiny and normal addends (the zero addend's
+    exponent must not floor E_max at -126); an operand spanning more than 111 binades takes the integer loop.
+    All the same bits as the NumPy reference."""
+    m = fpsim.mma.as_model(spec)
+    rng = np.random.default_rng(3041)
+    ki = m.instruction_k
+    mm, kk, nn = 5, 3 * ki + 2, 27
+    lo_fmt = m.input.emin - m.input.mbits
+    for ra, rb in (((-70, -60), (-70, -60)), ((-66, -62), (-68, -64)), ((40, 60), (50, 62)), ((-100, 5), (-3, 3)),
+                   ((-100, 20), (0, 1)), ((-14, 15), (-24, -10))):
+        ra = (max(ra[0], lo_fmt), max(ra[1], lo_fmt + 1))
+        rb = (max(rb[0], lo_fmt), max(rb[1], lo_fmt + 1))
+        a = rng.choice([-1, 1], (mm, kk)) * (1 + rng.random((mm, kk))) * np.exp2(rng.integers(*ra, (mm, kk)))
+        b = rng.choice([-1, 1], (kk, nn)) * (1 + rng.random((kk, nn))) * np.exp2(rng.integers(*rb, (kk, nn)))
+        a = np.asarray(G.convert_inputs(np.minimum(np.abs(a), m.input.max) * np.sign(a), m.input, None, "A"))
+        b = np.asarray(G.convert_inputs(np.minimum(np.abs(b), m.input.max) * np.sign(b), m.b_format, None, "B"))
+        for c in (None, np.zeros((mm, nn)), rng.standard_normal((mm, nn)) * 2.0**-130,
+                  rng.standard_normal((mm, nn))):
+            if c is not None:
+                c = np.asarray(fpsim.round(c, m.output))
+            assert_all_same(lambda: fpsim.matmul(a, b, c, model=m))
+            assert_all_same(lambda: G._matmul_values(a.astype(np.float32), b.astype(np.float32),
+                                                     None if c is None else c.astype(np.float32), m))
