@@ -22,6 +22,7 @@
 #ifndef _WIN32
 #include <pthread.h>
 #define HAVE_THREADS 1
+#include "_cpool.h" /* the worker threads kept between calls (shared with _cgemm.c) */
 #else
 #define HAVE_THREADS 0
 #endif
@@ -668,12 +669,10 @@ typedef struct {
                            (float64: two), 2 half a word (float32 rounding that reads at most 16 bits) */
     uint32_t pk0, pk1;
     uint64_t pw;
-    int set_env;        /* a worker thread: take the caller's floating-point environment */
     int nt;             /* RNE/RTZ of a specialised format by spec_nt (non-temporal stores) */
     fpsim_sink_t *sink; /* or NULL: each rounded block goes to this sink instead of out (see _csink.h) */
     int jid;            /* this job's index, for the sink */
     Py_ssize_t lo;      /* this job's first element within the call, for the sink */
-    fenv_t env;
 } job_t;
 
 typedef void (*fn64_t)(const uint64_t *, uint64_t *, Py_ssize_t, const core_args_t *, const uint64_t *);
@@ -870,99 +869,10 @@ static void run_job(job_t *j)
 }
 
 #if HAVE_THREADS
-static void *job_thread(void *arg)
+static void *job_entry(void *arg)
 {
-    job_t *j = arg;
-    if (j->set_env)
-        fesetenv(&j->env); /* the caller's rounding mode and FTZ/DAZ (x86: MXCSR), whatever the OS gives */
-    run_job(j);
+    run_job((job_t *)arg); /* the pool gave this thread the caller's floating-point environment */
     return NULL;
-}
-
-/* A pool of worker threads kept between calls (starting threads costs tens of microseconds per call):
- * worker k runs job k of each dispatch, the caller job 0. One dispatch at a time (a second caller that
- * finds the pool busy starts threads of its own); a forked child starts with an empty pool. */
-static pthread_mutex_t pool_busy = PTHREAD_MUTEX_INITIALIZER; /* held by the dispatching caller */
-static pthread_mutex_t pool_mx = PTHREAD_MUTEX_INITIALIZER;   /* guards the fields below */
-static pthread_cond_t pool_go = PTHREAD_COND_INITIALIZER, pool_done = PTHREAD_COND_INITIALIZER;
-static int pool_n = 1;                  /* 1 + the number of workers started */
-static unsigned long pool_gen = 0;      /* dispatches so far */
-static unsigned long pool_seen0[MAX_JOBS]; /* pool_gen when worker k was started */
-static job_t *pool_jobs = NULL;
-static Py_ssize_t pool_njobs = 0;
-static int pool_pending = 0;            /* worker jobs of this dispatch not yet done */
-
-static void *pool_worker(void *arg)
-{
-    int k = (int)(intptr_t)arg;
-    pthread_mutex_lock(&pool_mx);
-    unsigned long seen = pool_seen0[k];
-    for (;;) {
-        while (pool_gen == seen)
-            pthread_cond_wait(&pool_go, &pool_mx);
-        seen = pool_gen;
-        if (k < pool_njobs) {
-            job_t *j = &pool_jobs[k];
-            pthread_mutex_unlock(&pool_mx);
-            job_thread(j);
-            pthread_mutex_lock(&pool_mx);
-            if (--pool_pending == 0)
-                pthread_cond_signal(&pool_done);
-        }
-    }
-    return NULL;
-}
-
-static void pool_after_fork_child(void)
-{
-    /* the workers did not survive the fork: forget them (and any dispatch in flight in another thread) */
-    pthread_mutex_init(&pool_busy, NULL);
-    pthread_mutex_init(&pool_mx, NULL);
-    pthread_cond_init(&pool_go, NULL);
-    pthread_cond_init(&pool_done, NULL);
-    pool_n = 1;
-    pool_gen = 0;
-    pool_jobs = NULL;
-    pool_njobs = 0;
-    pool_pending = 0;
-}
-
-/* Run jobs[0..n) (n >= 2) on the pool: 0 when done, -1 when the pool is busy (nothing was run). */
-static int pool_run(job_t *jobs, Py_ssize_t n)
-{
-    if (pthread_mutex_trylock(&pool_busy) != 0)
-        return -1;
-    pthread_mutex_lock(&pool_mx);
-    while (pool_n < n) {
-        pthread_t tid;
-        pthread_attr_t at;
-        pool_seen0[pool_n] = pool_gen;
-        pthread_attr_init(&at);
-        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-        int ok = pthread_create(&tid, &at, pool_worker, (void *)(intptr_t)pool_n) == 0;
-        pthread_attr_destroy(&at);
-        if (!ok)
-            break;
-        pool_n++;
-    }
-    Py_ssize_t served = n < pool_n ? n : pool_n; /* jobs 1..served-1 go to workers */
-    pool_jobs = jobs;
-    pool_njobs = served;
-    pool_pending = (int)served - 1;
-    pool_gen++;
-    pthread_cond_broadcast(&pool_go);
-    pthread_mutex_unlock(&pool_mx);
-    run_job(&jobs[0]);
-    for (Py_ssize_t k = served; k < n; k++)
-        run_job(&jobs[k]); /* no worker to be had: here, same bits */
-    pthread_mutex_lock(&pool_mx);
-    while (pool_pending > 0)
-        pthread_cond_wait(&pool_done, &pool_mx);
-    pool_jobs = NULL;
-    pool_njobs = 0;
-    pthread_mutex_unlock(&pool_mx);
-    pthread_mutex_unlock(&pool_busy);
-    return 0;
 }
 #endif
 
@@ -1152,8 +1062,6 @@ static PyObject *round_bits(PyObject *self, PyObject *args)
            the caller's mode back (FTZ/DAZ of the caller were cleared by ieee_mode and are kept). */
         int caller_mode = fegetround();
         fesetround(FE_TONEAREST);
-        fenv_t env;
-        fegetenv(&env);
         for (Py_ssize_t k = 0; k < n_jobs; k++) {
             Py_ssize_t lo = chunk ? k * chunk : 0, hi = chunk && lo + chunk < n ? lo + chunk : n;
             job_t *j = &jobs[k];
@@ -1177,30 +1085,13 @@ static PyObject *round_bits(PyObject *self, PyObject *args)
                 j->pst = am * s0 + ap;
             }
 #endif
-            j->set_env = 1;
             j->nt = use_nt;
             j->sink = sink;
             j->jid = (int)k;
             j->lo = lo;
-            j->env = env;
         }
 #if HAVE_THREADS
-        if (n_jobs == 1) {
-            run_job(&jobs[0]);
-        } else if (pool_run(jobs, n_jobs) < 0) {
-            /* the pool is serving another caller: threads of this call's own */
-            pthread_t tid[MAX_JOBS];
-            int started[MAX_JOBS];
-            for (Py_ssize_t k = 1; k < n_jobs; k++)
-                started[k] = pthread_create(&tid[k], NULL, job_thread, &jobs[k]) == 0;
-            run_job(&jobs[0]);
-            for (Py_ssize_t k = 1; k < n_jobs; k++) {
-                if (started[k])
-                    pthread_join(tid[k], NULL);
-                else
-                    run_job(&jobs[k]); /* no thread to be had: here, same bits */
-            }
-        }
+        fpsim_pool_run(job_entry, jobs, sizeof jobs[0], (int)n_jobs); /* job 0 here, the rest on workers */
 #else
         for (Py_ssize_t k = 0; k < n_jobs; k++)
             run_job(&jobs[k]);
@@ -1382,9 +1273,7 @@ static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_ckernel", NULL, -1,
 PyMODINIT_FUNC PyInit__ckernel(void)
 {
 #if HAVE_THREADS
-    static int atfork_done = 0;
-    if (!atfork_done && pthread_atfork(NULL, NULL, pool_after_fork_child) == 0)
-        atfork_done = 1;
+    fpsim_pool_init();
 #endif
     PyObject *m = PyModule_Create(&moddef);
     if (m && PyModule_AddIntConstant(m, "HAVE_PCG64", HAVE_PCG64) < 0) {

@@ -447,3 +447,66 @@ def test_late_add_nan_is_positive_like_the_reference() -> None:
         finally:
             G.use_c_gemm = old
     assert bits[0] == bits[1] == 0x7FF8000000000000
+
+
+def _pool_gemm() -> tuple[np.ndarray, np.ndarray, Any]:
+    """Operands of a GEMM large enough to run on the kernel's worker threads (fpsim/_cpool.h)."""
+    rng = np.random.default_rng(3051)
+    m = get_model("h100", "fp16")
+    a = np.asarray(G.convert_inputs(rng.standard_normal((96, 160)), m.input, None, "A"), np.float32)
+    b = np.asarray(G.convert_inputs(rng.standard_normal((160, 128)), m.input, None, "B"), np.float32)
+    assert a.shape[0] * a.shape[1] * b.shape[1] >= G._C_MIN_PARALLEL
+    return a, b, m
+
+
+def _pool_child(q: Any) -> None:
+    a, b, m = _pool_gemm()
+    q.put(np.asarray(G._matmul_values(a, b, None, m)).tobytes())
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_gemm_threads_after_fork_in_a_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parent's GEMM worker threads do not survive a fork: a forked child starts an empty pool and runs a
+    threaded GEMM (it would wait forever on the parent's workers otherwise), the same bits as its parent."""
+    import multiprocessing
+
+    monkeypatch.setattr(rounding, "max_threads", 2)
+    monkeypatch.setattr(G, "use_c_gemm", True)
+    a, b, m = _pool_gemm()
+    want = np.asarray(G._matmul_values(a, b, None, m)).tobytes()  # the parent's pool has run
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_pool_child, args=(q,))
+    p.start()
+    try:
+        got = q.get(timeout=60)  # before join: the child exits once its result is read
+    finally:
+        p.join(10)
+        if p.is_alive():
+            p.kill()
+    assert got == want
+    assert p.exitcode == 0
+
+
+def test_gemm_concurrent_callers_share_or_bypass_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python threads running GEMMs at once (the GIL is released): one dispatch at a time uses the worker
+    pool, the others start threads of their own; every result has the bits of a lone call."""
+    import threading
+
+    monkeypatch.setattr(rounding, "max_threads", 3)
+    monkeypatch.setattr(G, "use_c_gemm", True)
+    a, b, m = _pool_gemm()
+    want = np.asarray(G._matmul_values(a, b, None, m))
+    bad: list[int] = []
+
+    def work(i: int) -> None:
+        for _ in range(4):
+            if not np.array_equal(np.asarray(G._matmul_values(a, b, None, m)).view(np.uint32), want.view(np.uint32)):
+                bad.append(i)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert not bad and not any(t.is_alive() for t in ts)
