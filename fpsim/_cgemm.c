@@ -341,6 +341,122 @@ CLONES static int pack_b(const void *x, int x32, Py_ssize_t kr, Py_ssize_t N, in
 
 
 #if HAVE_AVX2_PATH
+/* lean_f on eight float32 values v at once: e, f as there; nf, lo, hi accumulated per lane; returns the lanes
+ * the AVX2 loop cannot take (float32 subnormals). */
+__attribute__((target("avx2"), always_inline)) static inline __m256i lean8(__m256 v, __m256i emin, __m256i *e,
+                                                                          __m256 *f, __m256i *nf, __m256i *lo,
+                                                                          __m256i *hi)
+{
+    const __m256i u = _mm256_castps_si256(v), z0 = _mm256_setzero_si256();
+    const __m256i ef = _mm256_and_si256(_mm256_srli_epi32(u, 23), _mm256_set1_epi32(0xff));
+    const __m256i t = _mm256_sub_epi32(ef, _mm256_set1_epi32(127));
+    const __m256i infnan = _mm256_cmpeq_epi32(ef, _mm256_set1_epi32(0xff));
+    const __m256i z = _mm256_or_si256(_mm256_cmpeq_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), z0), infnan);
+    *nf = _mm256_or_si256(*nf, infnan);
+    *e = _mm256_blendv_epi8(_mm256_max_epi32(t, emin), _mm256_set1_epi32(ZERO_EXP), z);
+    *f = _mm256_andnot_ps(_mm256_castsi256_ps(z), v);
+    *lo = _mm256_min_epi32(*lo, _mm256_blendv_epi8(t, _mm256_set1_epi32(1000), z));
+    *hi = _mm256_max_epi32(*hi, _mm256_blendv_epi8(t, _mm256_set1_epi32(-1000), z));
+    return _mm256_andnot_si256(z, _mm256_cmpeq_epi32(ef, z0));
+}
+
+static inline int32_t hmin8(const int32_t *v)
+{
+    int32_t m = v[0];
+    for (int i = 1; i < 8; i++)
+        m = v[i] < m ? v[i] : m;
+    return m;
+}
+
+/* lean_row for float32 values, eight at a time (the same results) */
+__attribute__((target("avx2"))) static int lean_row32_avx2(const float *x, Py_ssize_t n, int k, int emin, int32_t *e,
+                                                          float *f, uint8_t *fa, int32_t *lo_, int32_t *hi_)
+{
+    const __m256i em = _mm256_set1_epi32(emin);
+    __m256i lo = _mm256_set1_epi32(*lo_), hi = _mm256_set1_epi32(*hi_), bad = _mm256_setzero_si256();
+    int bad_tail = 0;
+    int32_t lo_t = *lo_, hi_t = *hi_;
+    for (Py_ssize_t b0 = 0; b0 < n; b0 += k) {
+        const Py_ssize_t b1 = b0 + k < n ? b0 + k : n;
+        __m256i nfv = _mm256_setzero_si256();
+        Py_ssize_t i = b0;
+        for (; i + 8 <= b1; i += 8) {
+            __m256i ev;
+            __m256 fv;
+            bad = _mm256_or_si256(bad, lean8(_mm256_loadu_ps(x + i), em, &ev, &fv, &nfv, &lo, &hi));
+            _mm256_storeu_si256((__m256i *)(e + i), ev);
+            _mm256_storeu_ps(f + i, fv);
+        }
+        int nf = !_mm256_testz_si256(nfv, nfv);
+        for (; i < b1; i++)
+            bad_tail |= lean_f(x[i], emin, e + i, f + i, &nf, &lo_t, &hi_t);
+        if (nf)
+            fa[b0 / k] = 1;
+    }
+    int32_t l8[8], h8[8];
+    _mm256_storeu_si256((__m256i *)l8, lo);
+    _mm256_storeu_si256((__m256i *)h8, hi);
+    int32_t l = hmin8(l8), h = -hmin8((int32_t[8]){-h8[0], -h8[1], -h8[2], -h8[3], -h8[4], -h8[5], -h8[6], -h8[7]});
+    *lo_ = l < lo_t ? l : lo_t;
+    *hi_ = h > hi_t ? h : hi_t;
+    return bad_tail | !_mm256_testz_si256(bad, bad);
+}
+
+/* pack_b for float32 values: whole pairs of vectors of rows inside kr eight lanes at a time, the rest (a last
+ * partial pair, the rows past kr) as pack_b does them (the same results) */
+__attribute__((target("avx2"))) static int pack_b32_avx2(const float *x, Py_ssize_t kr, Py_ssize_t N, int k, int emin,
+                                                        Py_ssize_t bi, float *out, uint8_t *fb, int32_t *lo_,
+                                                        int32_t *hi_)
+{
+    const Py_ssize_t npt = ((N + 7) / 8 + 1) / 2, nfull = N / 16;
+    const __m256i em = _mm256_set1_epi32(emin);
+    __m256i lo = _mm256_set1_epi32(*lo_), hi = _mm256_set1_epi32(*hi_), bad = _mm256_setzero_si256();
+    int badg = 0;
+    int32_t lo_t = *lo_, hi_t = *hi_;
+    for (Py_ssize_t pv = 0; pv < npt; pv++)
+        for (int l = 0; l < k; l++) {
+            const Py_ssize_t r = bi * k + l;
+            float *o = out + ((bi * npt + pv) * k + l) * 24;
+            if (r < kr && pv < nfull) {
+                const float *xr = x + r * N + pv * 16;
+                __m256i e0, e1, nfv = _mm256_setzero_si256();
+                __m256 f0, f1;
+                bad = _mm256_or_si256(bad, lean8(_mm256_loadu_ps(xr), em, &e0, &f0, &nfv, &lo, &hi));
+                bad = _mm256_or_si256(bad, lean8(_mm256_loadu_ps(xr + 8), em, &e1, &f1, &nfv, &lo, &hi));
+                _mm256_storeu_si256((__m256i *)o, _mm256_permute4x64_epi64(_mm256_packs_epi32(e0, e1), 0xd8));
+                _mm256_storeu_ps(o + 8, f0);
+                _mm256_storeu_ps(o + 16, f1);
+                if (!_mm256_testz_si256(nfv, nfv)) /* rare: the columns' NaN/inf flags */
+                    for (int t = 0; t < 16; t++)
+                        fb[pv * 16 + t] |= (uint8_t)!isfinite(xr[t]);
+                continue;
+            }
+            int16_t ex16[16];
+            for (int t = 0; t < 16; t++) {
+                Py_ssize_t j = pv * 16 + t;
+                int32_t ex = ZERO_EXP;
+                float fv = 0.0f;
+                if (r < kr && j < N) {
+                    int nf = 0;
+                    badg |= lean_f(x[r * N + j], emin, &ex, &fv, &nf, &lo_t, &hi_t);
+                    fb[j] |= (uint8_t)nf;
+                }
+                ex16[t] = (int16_t)ex;
+                o[8 + t] = fv;
+            }
+            memcpy(o, ex16, sizeof ex16);
+        }
+    int32_t l8[8], h8[8];
+    _mm256_storeu_si256((__m256i *)l8, lo);
+    _mm256_storeu_si256((__m256i *)h8, hi);
+    int32_t l = hmin8(l8), h = -hmin8((int32_t[8]){-h8[0], -h8[1], -h8[2], -h8[3], -h8[4], -h8[5], -h8[6], -h8[7]});
+    *lo_ = l < lo_t ? l : lo_t;
+    *hi_ = h > hi_t ? h : hi_t;
+    return badg | !_mm256_testz_si256(bad, bad);
+}
+#endif
+
+#if HAVE_AVX2_PATH
 /* Pass 3 for a few lanes the general way (an output subnormal or an overflow: rare), out of line. */
 __attribute__((noinline)) static void finish_lanes(const int32_t *emax, const double *acc, const double *cf,
                                                   double *cout, int n, const prm_t *p)
@@ -826,11 +942,23 @@ static void *prep_worker(void *arg)
             const char *b = (const char *)P->Br + sb * (size_t)(bt * Kp * N);
             float *af = P->af + bt * M * kr, *bf = P->bf + bt * packed_b_size(kr, N, k);
             for (Py_ssize_t i = P->tid; i < M; i += P->nthreads) /* k0 is a multiple of k */
-                P->bad |= lean_row(a + sa * (size_t)(i * Kp + k0), P->a32, kr, k, p->emin_in, ea + i * kr,
-                                   af + i * kr, fa + i * nb + k0 / k, &P->lo_a, &P->hi_a);
+#if HAVE_AVX2_PATH
+                if (P->a32) /* (the AVX2 loop runs only where the CPU has AVX2) */
+                    P->bad |= lean_row32_avx2((const float *)a + i * Kp + k0, kr, k, p->emin_in, ea + i * kr,
+                                              af + i * kr, fa + i * nb + k0 / k, &P->lo_a, &P->hi_a);
+                else
+#endif
+                    P->bad |= lean_row(a + sa * (size_t)(i * Kp + k0), P->a32, kr, k, p->emin_in, ea + i * kr,
+                                       af + i * kr, fa + i * nb + k0 / k, &P->lo_a, &P->hi_a);
             for (Py_ssize_t bi = P->tid; bi < (kr + k - 1) / k; bi += P->nthreads)
-                P->bad |= pack_b(b + sb * (size_t)(k0 * N), P->b32, kr, N, k, p->emin_in, bi, bf,
-                                 fb + (k0 / k + bi) * N, &P->lo_b, &P->hi_b);
+#if HAVE_AVX2_PATH
+                if (P->b32)
+                    P->bad |= pack_b32_avx2((const float *)b + k0 * N, kr, N, k, p->emin_in, bi, bf,
+                                            fb + (k0 / k + bi) * N, &P->lo_b, &P->hi_b);
+                else
+#endif
+                    P->bad |= pack_b(b + sb * (size_t)(k0 * N), P->b32, kr, N, k, p->emin_in, bi, bf,
+                                     fb + (k0 / k + bi) * N, &P->lo_b, &P->hi_b);
             continue;
         }
         const double *a = P->A + bt * M * Kp, *b = P->B + bt * Kp * N;

@@ -356,6 +356,9 @@ def test_float32_operands_prepared_lean_every_tail_group(spec: str) -> None:
             a3 = a.copy()
             a3[0, 0, 1] = np.float32(G.convert_inputs(np.array([v]), m.input, None, "A")[0])
             variants.append((a3, b))
+            b3 = b.copy()
+            b3[1, 0] = np.float32(G.convert_inputs(np.array([v]), m.b_format, None, "B")[0])
+            variants.append((a, b3))
         for x, y in variants:
             ref = np.asarray(fpsim.matmul(x.astype(np.float64), y.astype(np.float64), model=m), np.float32)
             assert_all_same(lambda: G._matmul_values(x, y, None, m))
