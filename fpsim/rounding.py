@@ -645,7 +645,15 @@ def _round_array_impl(a: np.ndarray, fmt: Format, mode: Rounding, overflow: Over
             return out
         return t.astype(out_dtype, copy=False).reshape(a.shape)
     c = _carrier_for(a.dtype, fmt, mode, sr_bits)
-    pl = _plan_cached(c, fmt, mode, overflow, subnormals, sr_bits)
+    return _round_planned(a, c, _plan_cached(c, fmt, mode, overflow, subnormals, sr_bits), rng, out, out_dtype)
+
+
+def _round_planned(a: np.ndarray, c: _Carrier, pl: _Plan, rng: np.random.Generator | Philox | None,
+                   out: np.ndarray | None, out_dtype: np.dtype) -> np.ndarray:
+    """`a` rounded by the bit kernel in carrier `c` on the plan `pl`: the rest of `_round_array_impl` once the
+    plan is made (`out`, if given, already checked against `out_dtype` and `a`'s shape). Also the entry of the
+    training runtime (fpsim.amp.runtime), which makes its plans once per format and so skips fpsim.round's
+    per-call option parsing; the same bits and the same SR draws as fpsim.round."""
     src = np.ascontiguousarray(a).reshape(-1)
     if src.dtype != c.ftype:
         src = src.astype(c.ftype)

@@ -170,7 +170,7 @@ class PolicyRuntime:
         if blk is not None and blk.hadamard:
             self.rht_signs = np.where(np.random.default_rng([seed, 0x524854]).random(16) < 0.5, -1.0, 1.0)
         self._bs_models: dict[tuple[str, str], Any] = {}
-        #: Per format: the compiled kernel's plan for float32 arrays under the policy's rounding (False where
+        #: Per format: the bit kernel's plan for float32 arrays under the policy's rounding (False where
         #: fpsim.round would take another path); see :meth:`_round32`.
         self._plans: dict[Format, Any] = {}
 
@@ -188,27 +188,20 @@ class PolicyRuntime:
         return self._round32(x, fmt)  # rng is set iff rounding is "sr"
 
     def _round32(self, x: np.ndarray, fmt: Format, out: np.ndarray | None = None) -> np.ndarray:
-        """``fpsim.round(x, fmt, policy.rounding, rng=self.rng, out=out)`` for a float32 array: the call the
-        compiled kernel path of fpsim.round makes (`rounding._run_c_kernel` on the same plan), without that
-        entry's per-call checks and option parsing (~50 us, against a few us to round a small array), which
-        the policy's fixed format and mode need once. The same bits and the same SR draws; any other case
-        (no compiled kernel, a table format, a float64 carrier) goes through fpsim.round itself."""
+        """``fpsim.round(x, fmt, policy.rounding, rng=self.rng, out=out)`` for a float32 array (`out` None or a
+        float32 array of x's shape): fpsim.round's bit-kernel path (`rounding._round_planned`) on a plan made
+        once per format, without fpsim.round's per-call checks and option parsing (~50 us, against a few us
+        to round a small array). The same bits and the same SR draws; a table format or a float64 carrier goes
+        through fpsim.round itself."""
         pl = self._plans.get(fmt)
         if pl is None:
             pl = self._plans[fmt] = self._plan32(fmt)
-        if pl is False or not _rounding.use_c_kernel or getattr(_rounding, "_ckernel", None) is None:
+        if pl is False:
             return np.asarray(fround(x, fmt, self.policy.rounding, rng=self.rng, out=out))
-        src = np.ascontiguousarray(x)
-        if out is None or not (out.flags.c_contiguous and out.dtype == np.float32 and out.shape == x.shape
-                               and (out is x or not np.may_share_memory(out, src))):
-            if out is not None:  # a buffer the kernel cannot write straight into: fpsim.round's own handling
-                return np.asarray(fround(x, fmt, self.policy.rounding, rng=self.rng, out=out))
-            out = np.empty(x.shape, np.float32)
-        _rounding._run_c_kernel(src.reshape(-1).view(np.uint32), out.reshape(-1).view(np.uint32), pl, self.rng)
-        return out
+        return _rounding._round_planned(x, _rounding._F32, pl, self.rng, out, np.dtype(np.float32))
 
     def _plan32(self, fmt: Format) -> Any:
-        """The plan `_round32` hands the compiled kernel for float32 input, or False where fpsim.round would
+        """The plan `_round32` hands the bit kernel for float32 input, or False where fpsim.round would
         not round a float32 array with that kernel in the float32 carrier."""
         f, mode, ov = _rounding.parse_options(fmt, self.policy.rounding, "ieee", True, self.rng, None, philox=True)
         if f.table is not None:
