@@ -304,6 +304,29 @@ CLONES static int lean_row(const void *x, int x32, Py_ssize_t n, int k, int emin
     return bad;
 }
 
+/* Row r of pair pv of pack_b's layout at o, one value at a time (lean_f/lean_d; zeros past kr and N). */
+static inline int pack_row_scalar(const void *x, int x32, Py_ssize_t r, Py_ssize_t kr, Py_ssize_t N, Py_ssize_t pv,
+                                  int emin, float *o, uint8_t *fb, int32_t *lo, int32_t *hi)
+{
+    int bad = 0;
+    int16_t ex16[16];
+    for (int t = 0; t < 16; t++) {
+        Py_ssize_t j = pv * 16 + t;
+        int32_t ex = ZERO_EXP;
+        float f = 0.0f;
+        if (r < kr && j < N) {
+            int nf = 0;
+            bad |= x32 ? lean_f(((const float *)x)[r * N + j], emin, &ex, &f, &nf, lo, hi)
+                       : lean_d(((const double *)x)[r * N + j], emin, &ex, &f, &nf, lo, hi);
+            fb[j] |= (uint8_t)nf;
+        }
+        ex16[t] = (int16_t)ex;
+        o[8 + t] = f;
+    }
+    memcpy(o, ex16, sizeof ex16);
+    return bad;
+}
+
 /* Block bi (rows [bi k, bi k + k) of [0, kr)) of B (x: the Kp x N values from row k0 on, float32 or float64),
  * packed for the AVX2 loop as [block][pair of 8-lane vectors][row in block][16 int16 exponents, 16 float32
  * values] (lean_f/lean_d), so that a block's B for a group of lanes is one contiguous run; rows past kr and
@@ -316,25 +339,8 @@ CLONES static int pack_b(const void *x, int x32, Py_ssize_t kr, Py_ssize_t N, in
     const Py_ssize_t npt = ((N + 7) / 8 + 1) / 2;
     int bad = 0;
     for (Py_ssize_t pv = 0; pv < npt; pv++)
-        for (int l = 0; l < k; l++) {
-            Py_ssize_t r = bi * k + l;
-            float *o = out + ((bi * npt + pv) * k + l) * 24;
-            int16_t ex16[16];
-            for (int t = 0; t < 16; t++) {
-                Py_ssize_t j = pv * 16 + t;
-                int32_t ex = ZERO_EXP;
-                float f = 0.0f;
-                if (r < kr && j < N) {
-                    int nf = 0;
-                    bad |= x32 ? lean_f(((const float *)x)[r * N + j], emin, &ex, &f, &nf, lo, hi)
-                               : lean_d(((const double *)x)[r * N + j], emin, &ex, &f, &nf, lo, hi);
-                    fb[j] |= (uint8_t)nf;
-                }
-                ex16[t] = (int16_t)ex;
-                o[8 + t] = f;
-            }
-            memcpy(o, ex16, sizeof ex16);
-        }
+        for (int l = 0; l < k; l++)
+            bad |= pack_row_scalar(x, x32, bi * k + l, kr, N, pv, emin, out + ((bi * npt + pv) * k + l) * 24, fb, lo, hi);
     return bad;
 }
 
@@ -360,12 +366,19 @@ __attribute__((target("avx2"), always_inline)) static inline __m256i lean8(__m25
     return _mm256_andnot_si256(z, _mm256_cmpeq_epi32(ef, z0));
 }
 
-static inline int32_t hmin8(const int32_t *v)
+/* *lo_ = min(lanes of lo, lo_t), *hi_ = max(lanes of hi, hi_t) */
+__attribute__((target("avx2"))) static void fold_range(__m256i lo, __m256i hi, int32_t lo_t, int32_t hi_t,
+                                                      int32_t *lo_, int32_t *hi_)
 {
-    int32_t m = v[0];
-    for (int i = 1; i < 8; i++)
-        m = v[i] < m ? v[i] : m;
-    return m;
+    int32_t l8[8], h8[8];
+    _mm256_storeu_si256((__m256i *)l8, lo);
+    _mm256_storeu_si256((__m256i *)h8, hi);
+    for (int i = 0; i < 8; i++) {
+        lo_t = l8[i] < lo_t ? l8[i] : lo_t;
+        hi_t = h8[i] > hi_t ? h8[i] : hi_t;
+    }
+    *lo_ = lo_t;
+    *hi_ = hi_t;
 }
 
 /* lean_row for float32 values, eight at a time (the same results) */
@@ -393,12 +406,7 @@ __attribute__((target("avx2"))) static int lean_row32_avx2(const float *x, Py_ss
         if (nf)
             fa[b0 / k] = 1;
     }
-    int32_t l8[8], h8[8];
-    _mm256_storeu_si256((__m256i *)l8, lo);
-    _mm256_storeu_si256((__m256i *)h8, hi);
-    int32_t l = hmin8(l8), h = -hmin8((int32_t[8]){-h8[0], -h8[1], -h8[2], -h8[3], -h8[4], -h8[5], -h8[6], -h8[7]});
-    *lo_ = l < lo_t ? l : lo_t;
-    *hi_ = h > hi_t ? h : hi_t;
+    fold_range(lo, hi, lo_t, hi_t, lo_, hi_);
     return bad_tail | !_mm256_testz_si256(bad, bad);
 }
 
@@ -431,27 +439,9 @@ __attribute__((target("avx2"))) static int pack_b32_avx2(const float *x, Py_ssiz
                         fb[pv * 16 + t] |= (uint8_t)!isfinite(xr[t]);
                 continue;
             }
-            int16_t ex16[16];
-            for (int t = 0; t < 16; t++) {
-                Py_ssize_t j = pv * 16 + t;
-                int32_t ex = ZERO_EXP;
-                float fv = 0.0f;
-                if (r < kr && j < N) {
-                    int nf = 0;
-                    badg |= lean_f(x[r * N + j], emin, &ex, &fv, &nf, &lo_t, &hi_t);
-                    fb[j] |= (uint8_t)nf;
-                }
-                ex16[t] = (int16_t)ex;
-                o[8 + t] = fv;
-            }
-            memcpy(o, ex16, sizeof ex16);
+            badg |= pack_row_scalar(x, 1, r, kr, N, pv, emin, o, fb, &lo_t, &hi_t);
         }
-    int32_t l8[8], h8[8];
-    _mm256_storeu_si256((__m256i *)l8, lo);
-    _mm256_storeu_si256((__m256i *)h8, hi);
-    int32_t l = hmin8(l8), h = -hmin8((int32_t[8]){-h8[0], -h8[1], -h8[2], -h8[3], -h8[4], -h8[5], -h8[6], -h8[7]});
-    *lo_ = l < lo_t ? l : lo_t;
-    *hi_ = h > hi_t ? h : hi_t;
+    fold_range(lo, hi, lo_t, hi_t, lo_, hi_);
     return badg | !_mm256_testz_si256(bad, bad);
 }
 #endif

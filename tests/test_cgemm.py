@@ -468,24 +468,13 @@ def _pool_child(q: Any) -> None:
 def test_gemm_threads_after_fork_in_a_child(monkeypatch: pytest.MonkeyPatch) -> None:
     """The parent's GEMM worker threads do not survive a fork: a forked child starts an empty pool and runs a
     threaded GEMM (it would wait forever on the parent's workers otherwise), the same bits as its parent."""
-    import multiprocessing
+    from _fork import in_forked_child
 
     monkeypatch.setattr(rounding, "max_threads", 2)
     monkeypatch.setattr(G, "use_c_gemm", True)
     a, b, m = _pool_gemm()
     want = np.asarray(G._matmul_values(a, b, None, m)).tobytes()  # the parent's pool has run
-    ctx = multiprocessing.get_context("fork")
-    q = ctx.Queue()
-    p = ctx.Process(target=_pool_child, args=(q,))
-    p.start()
-    try:
-        got = q.get(timeout=60)  # before join: the child exits once its result is read
-    finally:
-        p.join(10)
-        if p.is_alive():
-            p.kill()
-    assert got == want
-    assert p.exitcode == 0
+    assert in_forked_child(_pool_child) == want
 
 
 def test_gemm_concurrent_callers_share_or_bypass_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -208,25 +208,14 @@ def test_round_bits_refuses_bad_random_sources_and_splits() -> None:
 def test_threads_after_fork_in_a_child() -> None:
     """The parent's C worker pool does not survive a fork (the child starts with an empty one): a forked
     child rounds large arrays with threads, the same bits as its parent."""
-    import multiprocessing
+    from _fork import in_forked_child
 
     old = R.max_threads
     R.max_threads = 2
     try:
         x = _big(np.float32)
         want = fpsim.round(x, "fp16", "sr", rng=np.random.default_rng(3))
-        ctx = multiprocessing.get_context("fork")
-        q = ctx.Queue()
-        p = ctx.Process(target=_child, args=(q, x))
-        p.start()
-        try:
-            got = q.get(timeout=60)  # before join: the child exits once its result is read
-        finally:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-        assert got == want.view(np.uint32).tobytes()
-        assert p.exitcode == 0
+        assert in_forked_child(_child, x) == want.view(np.uint32).tobytes()
     finally:
         R.max_threads = old
 
