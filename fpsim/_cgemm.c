@@ -20,15 +20,16 @@
  * Special values (step 0): a block whose products or addend hold a NaN or an infinity gives NaN (a NaN, an
  * inf*0, or both infinities) or the infinity, exactly as fpsim.mma.model.specials.
  *
- * AVX2 loop (issue 30; fused_group), used where the CPU has AVX2, impl() allows it
- * and the inputs have <= 12 significant bits and each operand's exponents span <= 111 binades (operand_shift): steps 1-4 in float32 lanes (each
- * product exact, Q_i one scaling and one truncating conversion) on a packed B, step 5 as a mask on the
- * double's bits where the result is a normal number of the output format. The integer loop below is the
- * reference beside it and runs everything else (tails past the last 8-lane vector, dot mode, other inputs).
+ * AVX2 loop (issue 30; fused_group), used where the CPU has AVX2, impl() allows it and the inputs have
+ * <= 12 significant bits, are normal float32 values and span <= 111 binades per operand (operand_shift):
+ * steps 1-4 in float32 lanes (each product exact, Q_i one scaling and one truncating conversion) on a packed
+ * B, step 5 as a mask on the double's bits where the result is a normal number of the output format; every
+ * lane, a last partial vector on zero-padded copies. The integer loop below is the reference beside it and
+ * runs everything else (dot mode, other inputs, impl("scalar")).
  *
  * Vectorised over outputs (the inner loops run over N, contiguous, in 32-bit lanes), tiled (one tile of
- * MT x NT outputs is chained over all of K with the k x NT block of B in L1), and threaded over tiles with
- * pthreads, the GIL released. Every output is computed by one thread from its own inputs only, so the
+ * MT x NT outputs is chained over all of K with the k x NT block of B in L1), and threaded over tiles on
+ * worker threads kept between calls (_cpool.h), the GIL released. Every output is computed by one thread from its own inputs only, so the
  * bits do not depend on the thread count.
  */
 #define PY_SSIZE_T_CLEAN
@@ -61,7 +62,7 @@
 typedef struct {
     int k, nblk, late, mbits_in, emin_in, neab, has_mel, mel, mb, rne, emin_out, emax_out, mbits_out, cs;
     int G, c0;
-    int fsh; /* the AVX2 loop's operands are a 2**sa and b 2**sb (see scale_operands): fsh = sa + sb */
+    int fsh; /* the AVX2 loop's operands are a 2**sa and b 2**sb (see operand_shift): fsh = sa + sb */
 } prm_t;
 
 typedef struct {
@@ -245,7 +246,7 @@ static Py_ssize_t packed_b_size(Py_ssize_t kr, Py_ssize_t N, int k)
 /* The AVX2 loop's view of one input value x (a value of the input format, so exact in float32): its
  * decomposed exponent e = max(floor(log2|x|), emin) (ZERO_EXP for a zero or a non-finite x) and x as float32
  * (0 for those). *nf |= x is non-finite; *lo / *hi: the least / greatest floor(log2|x|) of the finite
- * non-zero values (scale_operands). Returns 1 where the AVX2 loop cannot take x: not a normal float32 (a
+ * non-zero values (operand_shift). Returns 1 where the AVX2 loop cannot take x: not a normal float32 (a
  * bf16 subnormal is a float32 subnormal). */
 static inline int lean_f(float x, int emin, int32_t *e, float *f, int *nf, int32_t *lo, int32_t *hi)
 {
@@ -340,7 +341,8 @@ CLONES static int pack_b(const void *x, int x32, Py_ssize_t kr, Py_ssize_t N, in
     int bad = 0;
     for (Py_ssize_t pv = 0; pv < npt; pv++)
         for (int l = 0; l < k; l++)
-            bad |= pack_row_scalar(x, x32, bi * k + l, kr, N, pv, emin, out + ((bi * npt + pv) * k + l) * 24, fb, lo, hi);
+            bad |= pack_row_scalar(x, x32, bi * k + l, kr, N, pv, emin, out + ((bi * npt + pv) * k + l) * 24, fb,
+                                   lo, hi);
     return bad;
 }
 
@@ -357,7 +359,8 @@ __attribute__((target("avx2"), always_inline)) static inline __m256i lean8(__m25
     const __m256i ef = _mm256_and_si256(_mm256_srli_epi32(u, 23), _mm256_set1_epi32(0xff));
     const __m256i t = _mm256_sub_epi32(ef, _mm256_set1_epi32(127));
     const __m256i infnan = _mm256_cmpeq_epi32(ef, _mm256_set1_epi32(0xff));
-    const __m256i z = _mm256_or_si256(_mm256_cmpeq_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), z0), infnan);
+    const __m256i zero = _mm256_cmpeq_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), z0);
+    const __m256i z = _mm256_or_si256(zero, infnan);
     *nf = _mm256_or_si256(*nf, infnan);
     *e = _mm256_blendv_epi8(_mm256_max_epi32(t, emin), _mm256_set1_epi32(ZERO_EXP), z);
     *f = _mm256_andnot_ps(_mm256_castsi256_ps(z), v);
@@ -464,15 +467,16 @@ __attribute__((noinline)) static void finish_lanes(const int32_t *emax, const do
  * operand_shift), so a*b is exact in float32 (<= 24 bits, >= 2**-98, < 2**126). Q_i = trunc(a b 2**(23 +
  * neab - E_max - sa - sb)) is the integer loop's sign * (|m_a m_b| 2**G >> (E_max - E_i + c0)) (same value:
  * both are the product truncated to the grid; E_max from the unscaled exponents); the scale S is a power of
- * two, so a*b*S is exact unless it is below 2**-126, and then < 1 and truncated to 0 either way. |Q_i| < 2**(25 +
+ * two, so a*b*S is exact unless it is below 2**-126, and then < 1 and truncated to 0 either way.
+ * |Q_i| < 2**(25 +
  * neab) <= 2**31, so vcvttps2dq (truncation) is exact; the int32 sums are widened every cs products as in the
  * integer loop. Per product row: one broadcast of a, then per vector a load, two multiplies, a conversion and
  * an add. q: the packed B of this block at the first pair of vectors (see pack_b): per pair of vectors, per
  * product row l, 16 int16 exponents then 16 float32 values, so that the block's B for a group of lanes is one
  * contiguous run. E_max is found in int16 lanes (16 outputs per instruction; the exponents of values fit, and
  * the saturating add keeps the zeros' ZERO_EXP sums, now -32768, below any real exponent). Pass 3 per
- * 4-lane chunk, a mask where the result is normal. cin/cout: the group's chain values (cout may be cin: each chunk is read
- * before it is written, and the rare general rounding takes its inputs from registers). The group's
+ * 4-lane chunk, a mask where the result is normal. cin/cout: the group's chain values (cout may be cin: each
+ * chunk is read before it is written, and the rare general rounding takes its inputs from registers). The group's
  * non-finite addends go to cnf only when it has one (the caller keeps cnf zero otherwise); returns whether
  * it had one. */
 __attribute__((target("avx2,fma"), always_inline)) static inline int
@@ -655,7 +659,7 @@ CLONES static int block_row(const job_t *J, Py_ssize_t i, Py_ssize_t j0, int nt,
     int anyspec = 0;
     const int32_t *ma = J->ma + i * J->kr + kl;
     const int32_t *ea = J->ea + i * J->kr + kl;
-    #if HAVE_AVX2_PATH
+#if HAVE_AVX2_PATH
     if (J->af) /* every lane in the fused AVX2 loop (k: klen here) */
         return fused_avx2(J, J->af + i * J->kr + kl, ea, kl, j0, nt, k, cin, cout, cnf);
 #endif
