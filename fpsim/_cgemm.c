@@ -280,23 +280,20 @@ static inline int lean_d(double x, int emin, int32_t *e, float *f, int *nf, int3
     return (!z) & ((t < -126) | (t > 127));
 }
 
-/* Row segment x[0, n) of A (n = kr, starting at a block boundary) for the AVX2 loop: its exponents e and
- * float32 values f, and fa[b] = 1 for each block b of k that holds a NaN or an infinity. Returns 1 where the
- * AVX2 loop cannot take a value (the caller then runs the integer loop on everything). */
-CLONES static int lean_row(const void *x, int x32, Py_ssize_t n, int k, int emin, int32_t *e, float *f, uint8_t *fa,
-                           int32_t *lo_, int32_t *hi_)
+/* Row segment x[0, n) of A (float64 values; n = kr, starting at a block boundary) for the AVX2 loop: its
+ * exponents e and float32 values f, and fa[b] = 1 for each block b of k that holds a NaN or an infinity.
+ * Returns 1 where the AVX2 loop cannot take a value (the caller then runs the integer loop on everything).
+ * float32 rows take lean_row32_avx2. */
+CLONES static int lean_row64(const double *x, Py_ssize_t n, int k, int emin, int32_t *e, float *f, uint8_t *fa,
+                             int32_t *lo_, int32_t *hi_)
 {
     int bad = 0;
     int32_t lo = *lo_, hi = *hi_;
     for (Py_ssize_t b0 = 0; b0 < n; b0 += k) {
         const Py_ssize_t b1 = b0 + k < n ? b0 + k : n;
         int nf = 0;
-        if (x32)
-            for (Py_ssize_t i = b0; i < b1; i++)
-                bad |= lean_f(((const float *)x)[i], emin, e + i, f + i, &nf, &lo, &hi);
-        else
-            for (Py_ssize_t i = b0; i < b1; i++)
-                bad |= lean_d(((const double *)x)[i], emin, e + i, f + i, &nf, &lo, &hi);
+        for (Py_ssize_t i = b0; i < b1; i++)
+            bad |= lean_d(x[i], emin, e + i, f + i, &nf, &lo, &hi);
         if (nf)
             fa[b0 / k] = 1;
     }
@@ -328,20 +325,21 @@ static inline int pack_row_scalar(const void *x, int x32, Py_ssize_t r, Py_ssize
     return bad;
 }
 
-/* Block bi (rows [bi k, bi k + k) of [0, kr)) of B (x: the Kp x N values from row k0 on, float32 or float64),
+/* Block bi (rows [bi k, bi k + k) of [0, kr)) of B (x: the Kp x N float64 values from row k0 on; float32
+ * values take pack_b32_avx2),
  * packed for the AVX2 loop as [block][pair of 8-lane vectors][row in block][16 int16 exponents, 16 float32
  * values] (lean_f/lean_d), so that a block's B for a group of lanes is one contiguous run; rows past kr and
  * lanes past N (the last vector may be partial, and a last odd vector has no pair) are zeros (exponent
  * ZERO_EXP). fb[j] = 1 for each column j whose block holds a NaN or an infinity. Returns 1 where the AVX2
  * loop cannot take a value. */
-CLONES static int pack_b(const void *x, int x32, Py_ssize_t kr, Py_ssize_t N, int k, int emin, Py_ssize_t bi,
-                         float *out, uint8_t *fb, int32_t *lo, int32_t *hi)
+CLONES static int pack_b64(const double *x, Py_ssize_t kr, Py_ssize_t N, int k, int emin, Py_ssize_t bi,
+                           float *out, uint8_t *fb, int32_t *lo, int32_t *hi)
 {
     const Py_ssize_t npt = ((N + 7) / 8 + 1) / 2;
     int bad = 0;
     for (Py_ssize_t pv = 0; pv < npt; pv++)
         for (int l = 0; l < k; l++)
-            bad |= pack_row_scalar(x, x32, bi * k + l, kr, N, pv, emin, out + ((bi * npt + pv) * k + l) * 24, fb,
+            bad |= pack_row_scalar(x, 0, bi * k + l, kr, N, pv, emin, out + ((bi * npt + pv) * k + l) * 24, fb,
                                    lo, hi);
     return bad;
 }
@@ -843,13 +841,6 @@ static int clamp_threads(int n, Py_ssize_t ntiles)
     return n < 1 ? 1 : n;
 }
 
-/* Run fn on jobs[0..n) (n <= 64, `size` bytes each) on the module's thread pool (_cpool.h): job 0 here, the
-   others on workers. Each job owns its tiles, so the bits never depend on n. */
-static void run_jobs(void *jobs, size_t size, int n, void *(*fn)(void *))
-{
-    fpsim_pool_run(fn, jobs, size, n);
-}
-
 static void *worker(void *arg)
 {
     job_t *J = (job_t *)arg;
@@ -931,28 +922,24 @@ static void *prep_worker(void *arg)
     for (Py_ssize_t bt = 0; bt < P->nbatch; bt++) {
         int32_t *ea = P->ea + bt * M * kr;
         uint8_t *fa = P->fa + bt * M * nb, *fb = P->fb + bt * nb * N;
-        if (P->af) {
+        if (P->af) { /* set only where the AVX2 loop runs (bfma_gemm) */
+#if HAVE_AVX2_PATH
             const char *a = (const char *)P->Ar + sa * (size_t)(bt * M * Kp);
             const char *b = (const char *)P->Br + sb * (size_t)(bt * Kp * N);
             float *af = P->af + bt * M * kr, *bf = P->bf + bt * packed_b_size(kr, N, k);
-            for (Py_ssize_t i = P->tid; i < M; i += P->nthreads) /* k0 is a multiple of k */
-#if HAVE_AVX2_PATH
-                if (P->a32) /* (the AVX2 loop runs only where the CPU has AVX2) */
-                    P->bad |= lean_row32_avx2((const float *)a + i * Kp + k0, kr, k, p->emin_in, ea + i * kr,
-                                              af + i * kr, fa + i * nb + k0 / k, &P->lo_a, &P->hi_a);
-                else
-#endif
-                    P->bad |= lean_row(a + sa * (size_t)(i * Kp + k0), P->a32, kr, k, p->emin_in, ea + i * kr,
-                                       af + i * kr, fa + i * nb + k0 / k, &P->lo_a, &P->hi_a);
+            for (Py_ssize_t i = P->tid; i < M; i += P->nthreads) { /* k0 is a multiple of k */
+                const Py_ssize_t o = i * Kp + k0;
+                P->bad |= P->a32 ? lean_row32_avx2((const float *)a + o, kr, k, p->emin_in, ea + i * kr, af + i * kr,
+                                                   fa + i * nb + k0 / k, &P->lo_a, &P->hi_a)
+                                 : lean_row64((const double *)a + o, kr, k, p->emin_in, ea + i * kr, af + i * kr,
+                                              fa + i * nb + k0 / k, &P->lo_a, &P->hi_a);
+            }
             for (Py_ssize_t bi = P->tid; bi < (kr + k - 1) / k; bi += P->nthreads)
-#if HAVE_AVX2_PATH
-                if (P->b32)
-                    P->bad |= pack_b32_avx2((const float *)b + k0 * N, kr, N, k, p->emin_in, bi, bf,
+                P->bad |= P->b32 ? pack_b32_avx2((const float *)b + k0 * N, kr, N, k, p->emin_in, bi, bf,
+                                                 fb + (k0 / k + bi) * N, &P->lo_b, &P->hi_b)
+                                 : pack_b64((const double *)b + k0 * N, kr, N, k, p->emin_in, bi, bf,
                                             fb + (k0 / k + bi) * N, &P->lo_b, &P->hi_b);
-                else
 #endif
-                    P->bad |= pack_b(b + sb * (size_t)(k0 * N), P->b32, kr, N, k, p->emin_in, bi, bf,
-                                     fb + (k0 / k + bi) * N, &P->lo_b, &P->hi_b);
             continue;
         }
         const double *a = P->A + bt * M * Kp, *b = P->B + bt * Kp * N;
@@ -1153,7 +1140,7 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
             for (int t = 0; t < np; t++)
                 pj[t] = (prep_t){NULL, NULL, A.buf, B.buf, a32, b32, ma, ea, mbv, eb, fa, fb, af32, bf32,
                                  M, N, Kp, k0, kr, nb, nbatch, &p, np, t, 0, 1000, -1000, 1000, -1000, 0, 0};
-            run_jobs(pj, sizeof pj[0], np, prep_worker);
+            fpsim_pool_run(prep_worker, pj, sizeof pj[0], np);
             lean = 1;
             int32_t lo_a = 1000, hi_a = -1000, lo_b = 1000, hi_b = -1000;
             for (int t = 0; t < np; t++) {
@@ -1171,7 +1158,7 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
                     pj[t].sa = sa;
                     pj[t].sb = sb;
                 }
-                run_jobs(pj, sizeof pj[0], np, scale_worker);
+                fpsim_pool_run(scale_worker, pj, sizeof pj[0], np);
             }
             if (!lean) { /* a value out of the AVX2 loop's range: the integer loop on everything (same bits) */
                 af32 = bf32 = NULL;
@@ -1196,7 +1183,7 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
             for (int t = 0; t < np; t++)
                 pj[t] = (prep_t){Ad, Bd, NULL, NULL, 0, 0, ma, ea, mbv, eb, fa, fb, NULL, NULL,
                                  M, N, Kp, k0, kr, nb, nbatch, &p, np, t, 0};
-            run_jobs(pj, sizeof pj[0], np, prep_worker);
+            fpsim_pool_run(prep_worker, pj, sizeof pj[0], np);
         }
       for (Py_ssize_t bt = 0; bt < nbatch && rowwise; bt++) { /* dot mode: A is Kp x N like B */
         const double *a = Ad, *b = Bd;
@@ -1233,7 +1220,8 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
             jobs[t].nthreads = nthreads;
             jobs[t].tid = t;
         }
-        run_jobs(jobs, sizeof jobs[0], nthreads, worker);
+        /* job 0 here, the rest on the pool's workers; each job owns its tiles: the bits never depend on nthreads */
+        fpsim_pool_run(worker, jobs, sizeof jobs[0], nthreads);
     }
     fesetround(caller_mode);
     Py_END_ALLOW_THREADS
@@ -1430,7 +1418,7 @@ static PyObject *generic_gemm(PyObject *self, PyObject *args)
             jobs[t].tid = t;
             jobs[t].err = 0;
         }
-        run_jobs(jobs, sizeof jobs[0], nthreads, gworker);
+        fpsim_pool_run(gworker, jobs, sizeof jobs[0], nthreads);
         for (int t = 0; t < nthreads; t++)
             err |= jobs[t].err;
         fesetround(caller_mode);
