@@ -65,7 +65,7 @@ class BdistWheel(bdist_wheel):
 setup(
     ext_modules=[
         # _csink.h: the interface by which the kernel hands rounded blocks to _carith (analyze, to_bits);
-        # _cpool.h: the worker threads kept between calls (both kernels)
+        # _cpool.h: the worker threads kept between calls (every threaded extension)
         Extension("fpsim._ckernel", sources=["fpsim/_ckernel.c"], depends=["fpsim/_csink.h", "fpsim/_cpool.h"],
                   optional=True),
         # the compiled block-FMA GEMM (fpsim/mma/gemm.py); without it fpsim.mma runs its NumPy reference
@@ -74,7 +74,8 @@ setup(
         # flushes subnormals or rounds in a directed mode
         Extension("fpsim._cfpenv", sources=["fpsim/_cfpenv.c"], optional=True),
         # compiled hot paths of the arithmetic layer (fma, pairwise sums, to_bits, analyze); NumPy fallback
-        Extension("fpsim._carith", sources=["fpsim/_carith.c"], depends=["fpsim/_csink.h"], optional=True),
+        Extension("fpsim._carith", sources=["fpsim/_carith.c"], depends=["fpsim/_csink.h", "fpsim/_cpool.h"],
+                  optional=True),
     ],
     cmdclass={"build_ext": BuildExt, "bdist_wheel": BdistWheel},
 )

@@ -49,25 +49,13 @@ static inline double from_bits(uint64_t u) { double x; memcpy(&x, &u, 8); return
 static inline uint32_t bits_of_f(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
 static inline float from_bits_f(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
 
-/* Run fn on jobs[0..k) (each of size `size` bytes), jobs 1.. on their own threads, job 0 on the caller's;
- * a thread that cannot start runs on the caller's thread instead. New threads inherit the caller's
- * floating-point environment (rounding mode, flush controls). */
+/* Run fn on jobs[0..k) (each of size `size` bytes): job 0 on the caller's thread, the others on the
+ * module's worker threads kept between calls (_cpool.h), which take the caller's floating-point environment
+ * (rounding mode, flush controls). */
 #ifndef _WIN32
-#include <pthread.h>
-static void run_jobs(void *(*fn)(void *), void *jobs, size_t size, int k)
-{
-    pthread_t tid[16];
-    int started[16] = {0};
-    for (int t = 1; t < k && t < 16; t++)
-        started[t] = pthread_create(&tid[t], NULL, fn, (char *)jobs + t * size) == 0;
-    fn(jobs);
-    for (int t = 1; t < k && t < 16; t++) {
-        if (started[t])
-            pthread_join(tid[t], NULL);
-        else
-            fn((char *)jobs + t * size);
-    }
-}
+#include "_cpool.h"
+#define HAVE_POOL 1
+static void run_jobs(void *(*fn)(void *), void *jobs, size_t size, int k) { fpsim_pool_run(fn, jobs, size, k); }
 #else
 static void run_jobs(void *(*fn)(void *), void *jobs, size_t size, int k)
 {
@@ -1281,4 +1269,10 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_carith", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__carith(void) { return PyModule_Create(&moddef); }
+PyMODINIT_FUNC PyInit__carith(void)
+{
+#ifdef HAVE_POOL
+    fpsim_pool_init(); /* a forked child starts with an empty pool */
+#endif
+    return PyModule_Create(&moddef);
+}

@@ -1,10 +1,12 @@
-/* A pool of worker threads kept between calls, shared by the compiled kernels (_ckernel.c, _cgemm.c).
+/* A pool of worker threads kept between calls, shared by the compiled kernels (_ckernel.c, _cgemm.c,
+ * _carith.c).
  *
  * Starting threads costs 50-150 microseconds per call on a virtual machine, as much as a whole small GEMM
  * or rounding call, so the workers stay: worker w runs job w of each dispatch, the caller runs job 0.
  * Every job computes its own outputs from its own inputs, so the bits never depend on which thread ran it.
  *
- *   fpsim_pool_run(fn, jobs, size, n): run fn(jobs + w * size) for w in [0, n), n <= FPSIM_POOL_MAX, and
+ *   fpsim_pool_run(fn, jobs, size, n): run fn(jobs + w * size) for w in [0, n) (at most FPSIM_POOL_MAX at
+ *   once on threads; any further job runs in the caller) and
  *   return when all are done. Each worker first takes the dispatching thread's floating-point environment
  *   (rounding mode, and FTZ/DAZ in MXCSR on x86), whatever it had when it was started.
  *
@@ -138,8 +140,7 @@ static void *fpsim_pool_own(void *arg)
 /* fn on jobs[0..n), each on its own thread (the caller's own threads where the pool is busy). */
 static void fpsim_pool_run(fpsim_pool_fn fn, void *jobs, size_t size, int n)
 {
-    if (n > FPSIM_POOL_MAX)
-        n = FPSIM_POOL_MAX;
+    const int nt = n < FPSIM_POOL_MAX ? n : FPSIM_POOL_MAX; /* jobs on threads: 0 (the caller) .. nt-1 */
     if (n <= 1) {
         if (n == 1)
             fn(jobs);
@@ -151,12 +152,14 @@ static void fpsim_pool_run(fpsim_pool_fn fn, void *jobs, size_t size, int n)
         fpsim_pool_own_t own[FPSIM_POOL_MAX];
         fenv_t env;
         fegetenv(&env);
-        for (int t = 1; t < n; t++) {
+        for (int t = 1; t < nt; t++) {
             own[t] = (fpsim_pool_own_t){fn, (char *)jobs + (size_t)t * size, &env};
             started[t] = pthread_create(&th[t], NULL, fpsim_pool_own, &own[t]) == 0;
         }
         fn(jobs);
-        for (int t = 1; t < n; t++) {
+        for (int t = nt; t < n; t++)
+            fn((char *)jobs + (size_t)t * size);
+        for (int t = 1; t < nt; t++) {
             if (started[t])
                 pthread_join(th[t], NULL);
             else
@@ -164,8 +167,8 @@ static void fpsim_pool_run(fpsim_pool_fn fn, void *jobs, size_t size, int n)
         }
         return;
     }
-    fpsim_pool_grow(n);
-    const int served = n < fpsim_pool_n ? n : fpsim_pool_n; /* jobs 1..served-1 go to workers */
+    fpsim_pool_grow(nt);
+    const int served = nt < fpsim_pool_n ? nt : fpsim_pool_n; /* jobs 1..served-1 go to workers */
     fegetenv(&fpsim_pool_env);
     fpsim_pool_f = fn;
     fpsim_pool_jobs = (char *)jobs;

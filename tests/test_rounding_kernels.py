@@ -271,3 +271,21 @@ def test_concurrent_callers_share_or_bypass_the_pool() -> None:
         assert not bad and not any(t.is_alive() for t in ts)
     finally:
         R.max_threads = old
+
+
+def _child_encode(q: object) -> None:
+    x = np.linspace(-3, 3, 1 << 20, dtype=np.float32)
+    q.put((fpsim.to_bits(x, "fp8_e4m3").tobytes(), repr(fpsim.analyze(x, "bf16"))))  # type: ignore[attr-defined]
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_encoder_and_counts_threads_after_fork_in_a_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    """_carith's threaded encoder and counts (the block-by-block to_bits and analyze) run on its own worker
+    pool: a forked child starts an empty one and gets its parent's codes and counts."""
+    from _fork import in_forked_child
+
+    monkeypatch.setattr(R, "max_threads", 2)
+    monkeypatch.setattr(R, "use_sink", False)  # the block-by-block path: _carith's threads
+    x = np.linspace(-3, 3, 1 << 20, dtype=np.float32)
+    want = (fpsim.to_bits(x, "fp8_e4m3").tobytes(), repr(fpsim.analyze(x, "bf16")))  # the parent's pool has run
+    assert in_forked_child(_child_encode) == want
