@@ -243,28 +243,11 @@ static Py_ssize_t packed_b_size(Py_ssize_t kr, Py_ssize_t N, int k)
     return ((kr + k - 1) / k) * (((N + 7) / 8 + 1) / 2) * k * 24;
 }
 
-/* The AVX2 loop's view of one input value x (a value of the input format, so exact in float32): its
+/* The AVX2 loop's view of one input value x (a float64 value of the input format, so exact in float32): its
  * decomposed exponent e = max(floor(log2|x|), emin) (ZERO_EXP for a zero or a non-finite x) and x as float32
  * (0 for those). *nf |= x is non-finite; *lo / *hi: the least / greatest floor(log2|x|) of the finite
  * non-zero values (operand_shift). Returns 1 where the AVX2 loop cannot take x: not a normal float32 (a
- * bf16 subnormal is a float32 subnormal). */
-static inline int lean_f(float x, int emin, int32_t *e, float *f, int *nf, int32_t *lo, int32_t *hi)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    int32_t ef = (int32_t)((u >> 23) & 0xff);
-    int32_t t = ef - 127, ex = t > emin ? t : emin;
-    int zero = (u & 0x7fffffffu) == 0, inf_nan = ef == 0xff;
-    int z = zero | inf_nan;
-    *nf |= inf_nan;
-    *e = z ? ZERO_EXP : ex;
-    *f = z ? 0.0f : x;
-    int32_t tl = z ? 1000 : t, th = z ? -1000 : t;
-    *lo = tl < *lo ? tl : *lo;
-    *hi = th > *hi ? th : *hi;
-    return (!z) & (ef == 0);
-}
-
+ * bf16 subnormal is a float32 subnormal). float32 values take lean8, eight at a time. */
 static inline int lean_d(double x, int emin, int32_t *e, float *f, int *nf, int32_t *lo, int32_t *hi)
 {
     int32_t ef = (int32_t)(d2bits(x) >> 52) & 0x7ff;
@@ -302,8 +285,8 @@ CLONES static int lean_row64(const double *x, Py_ssize_t n, int k, int emin, int
     return bad;
 }
 
-/* Row r of pair pv of pack_b's layout at o, one value at a time (lean_f/lean_d; zeros past kr and N). */
-static inline int pack_row_scalar(const void *x, int x32, Py_ssize_t r, Py_ssize_t kr, Py_ssize_t N, Py_ssize_t pv,
+/* Row r of pair pv of pack_b's layout at o, one float64 value at a time (lean_d; zeros past kr and N). */
+static inline int pack_row_scalar(const double *x, Py_ssize_t r, Py_ssize_t kr, Py_ssize_t N, Py_ssize_t pv,
                                   int emin, float *o, uint8_t *fb, int32_t *lo, int32_t *hi)
 {
     int bad = 0;
@@ -314,8 +297,7 @@ static inline int pack_row_scalar(const void *x, int x32, Py_ssize_t r, Py_ssize
         float f = 0.0f;
         if (r < kr && j < N) {
             int nf = 0;
-            bad |= x32 ? lean_f(((const float *)x)[r * N + j], emin, &ex, &f, &nf, lo, hi)
-                       : lean_d(((const double *)x)[r * N + j], emin, &ex, &f, &nf, lo, hi);
+            bad |= lean_d(x[r * N + j], emin, &ex, &f, &nf, lo, hi);
             fb[j] |= (uint8_t)nf;
         }
         ex16[t] = (int16_t)ex;
@@ -326,11 +308,10 @@ static inline int pack_row_scalar(const void *x, int x32, Py_ssize_t r, Py_ssize
 }
 
 /* Block bi (rows [bi k, bi k + k) of [0, kr)) of B (x: the Kp x N float64 values from row k0 on; float32
- * values take pack_b32_avx2),
- * packed for the AVX2 loop as [block][pair of 8-lane vectors][row in block][16 int16 exponents, 16 float32
- * values] (lean_f/lean_d), so that a block's B for a group of lanes is one contiguous run; rows past kr and
- * lanes past N (the last vector may be partial, and a last odd vector has no pair) are zeros (exponent
- * ZERO_EXP). fb[j] = 1 for each column j whose block holds a NaN or an infinity. Returns 1 where the AVX2
+ * values take pack_b32_avx2), packed for the AVX2 loop as [block][pair of 8-lane vectors][row in block][16
+ * int16 exponents, 16 float32 values] (lean_d), so that a block's B for a group of lanes is one contiguous
+ * run; rows past kr and lanes past N (the last vector may be partial, and a last odd vector has no pair)
+ * are zeros (exponent ZERO_EXP). fb[j] = 1 for each column j whose block holds a NaN or an infinity. Returns 1 where the AVX2
  * loop cannot take a value. */
 CLONES static int pack_b64(const double *x, Py_ssize_t kr, Py_ssize_t N, int k, int emin, Py_ssize_t bi,
                            float *out, uint8_t *fb, int32_t *lo, int32_t *hi)
@@ -339,7 +320,7 @@ CLONES static int pack_b64(const double *x, Py_ssize_t kr, Py_ssize_t N, int k, 
     int bad = 0;
     for (Py_ssize_t pv = 0; pv < npt; pv++)
         for (int l = 0; l < k; l++)
-            bad |= pack_row_scalar(x, 0, bi * k + l, kr, N, pv, emin, out + ((bi * npt + pv) * k + l) * 24, fb,
+            bad |= pack_row_scalar(x, bi * k + l, kr, N, pv, emin, out + ((bi * npt + pv) * k + l) * 24, fb,
                                    lo, hi);
     return bad;
 }
@@ -347,7 +328,7 @@ CLONES static int pack_b64(const double *x, Py_ssize_t kr, Py_ssize_t N, int k, 
 
 
 #if HAVE_AVX2_PATH
-/* lean_f on eight float32 values v at once: e, f as there; nf, lo, hi accumulated per lane; returns the lanes
+/* lean_d for eight float32 values v at once: e, f as there; nf, lo, hi accumulated per lane; returns the lanes
  * the AVX2 loop cannot take (float32 subnormals). */
 __attribute__((target("avx2"), always_inline)) static inline __m256i lean8(__m256 v, __m256i emin, __m256i *e,
                                                                           __m256 *f, __m256i *nf, __m256i *lo,
@@ -382,68 +363,81 @@ __attribute__((target("avx2"))) static void fold_range(__m256i lo, __m256i hi, i
     *hi_ = hi_t;
 }
 
-/* lean_row for float32 values, eight at a time (the same results) */
+/* The lane mask of the first n (0..8) of eight 32-bit lanes, for the masked loads and stores of short runs */
+__attribute__((target("avx2"), always_inline)) static inline __m256i first_lanes(Py_ssize_t n)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int32_t)(n < 8 ? n : 8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* lean_row for float32 values, eight at a time (the same results); a block's last few values with masked
+ * loads and stores (the masked-off lanes read as zeros, which lean8 leaves out of every result) */
 __attribute__((target("avx2"))) static int lean_row32_avx2(const float *x, Py_ssize_t n, int k, int emin, int32_t *e,
                                                           float *f, uint8_t *fa, int32_t *lo_, int32_t *hi_)
 {
     const __m256i em = _mm256_set1_epi32(emin);
     __m256i lo = _mm256_set1_epi32(*lo_), hi = _mm256_set1_epi32(*hi_), bad = _mm256_setzero_si256();
-    int bad_tail = 0;
-    int32_t lo_t = *lo_, hi_t = *hi_;
     for (Py_ssize_t b0 = 0; b0 < n; b0 += k) {
         const Py_ssize_t b1 = b0 + k < n ? b0 + k : n;
         __m256i nfv = _mm256_setzero_si256();
-        Py_ssize_t i = b0;
-        for (; i + 8 <= b1; i += 8) {
+        for (Py_ssize_t i = b0; i < b1; i += 8) {
             __m256i ev;
             __m256 fv;
-            bad = _mm256_or_si256(bad, lean8(_mm256_loadu_ps(x + i), em, &ev, &fv, &nfv, &lo, &hi));
-            _mm256_storeu_si256((__m256i *)(e + i), ev);
-            _mm256_storeu_ps(f + i, fv);
+            if (i + 8 <= b1) {
+                bad = _mm256_or_si256(bad, lean8(_mm256_loadu_ps(x + i), em, &ev, &fv, &nfv, &lo, &hi));
+                _mm256_storeu_si256((__m256i *)(e + i), ev);
+                _mm256_storeu_ps(f + i, fv);
+            } else {
+                const __m256i m = first_lanes(b1 - i);
+                bad = _mm256_or_si256(bad, lean8(_mm256_maskload_ps(x + i, m), em, &ev, &fv, &nfv, &lo, &hi));
+                _mm256_maskstore_epi32((int *)(e + i), m, ev);
+                _mm256_maskstore_ps(f + i, m, fv);
+            }
         }
-        int nf = !_mm256_testz_si256(nfv, nfv);
-        for (; i < b1; i++)
-            bad_tail |= lean_f(x[i], emin, e + i, f + i, &nf, &lo_t, &hi_t);
-        if (nf)
+        if (!_mm256_testz_si256(nfv, nfv))
             fa[b0 / k] = 1;
     }
-    fold_range(lo, hi, lo_t, hi_t, lo_, hi_);
-    return bad_tail | !_mm256_testz_si256(bad, bad);
+    fold_range(lo, hi, *lo_, *hi_, lo_, hi_);
+    return !_mm256_testz_si256(bad, bad);
 }
 
-/* pack_b for float32 values: whole pairs of vectors of rows inside kr eight lanes at a time, the rest (a last
- * partial pair, the rows past kr) as pack_b does them (the same results) */
+/* pack_b for float32 values, eight lanes at a time (the same results): a last partial pair of vectors with
+ * masked loads (zeros past N), the rows past kr as zeros */
 __attribute__((target("avx2"))) static int pack_b32_avx2(const float *x, Py_ssize_t kr, Py_ssize_t N, int k, int emin,
                                                         Py_ssize_t bi, float *out, uint8_t *fb, int32_t *lo_,
                                                         int32_t *hi_)
 {
-    const Py_ssize_t npt = ((N + 7) / 8 + 1) / 2, nfull = N / 16;
-    const __m256i em = _mm256_set1_epi32(emin);
+    const Py_ssize_t npt = ((N + 7) / 8 + 1) / 2;
+    const __m256i em = _mm256_set1_epi32(emin), ez = _mm256_set1_epi16((int16_t)ZERO_EXP);
     __m256i lo = _mm256_set1_epi32(*lo_), hi = _mm256_set1_epi32(*hi_), bad = _mm256_setzero_si256();
-    int badg = 0;
-    int32_t lo_t = *lo_, hi_t = *hi_;
-    for (Py_ssize_t pv = 0; pv < npt; pv++)
+    for (Py_ssize_t pv = 0; pv < npt; pv++) {
+        const Py_ssize_t nl = N - pv * 16 < 16 ? N - pv * 16 : 16; /* lanes of this pair inside N */
+        const __m256i m0 = first_lanes(nl), m1 = first_lanes(nl - 8);
         for (int l = 0; l < k; l++) {
             const Py_ssize_t r = bi * k + l;
             float *o = out + ((bi * npt + pv) * k + l) * 24;
-            if (r < kr && pv < nfull) {
-                const float *xr = x + r * N + pv * 16;
-                __m256i e0, e1, nfv = _mm256_setzero_si256();
-                __m256 f0, f1;
-                bad = _mm256_or_si256(bad, lean8(_mm256_loadu_ps(xr), em, &e0, &f0, &nfv, &lo, &hi));
-                bad = _mm256_or_si256(bad, lean8(_mm256_loadu_ps(xr + 8), em, &e1, &f1, &nfv, &lo, &hi));
-                _mm256_storeu_si256((__m256i *)o, _mm256_permute4x64_epi64(_mm256_packs_epi32(e0, e1), 0xd8));
-                _mm256_storeu_ps(o + 8, f0);
-                _mm256_storeu_ps(o + 16, f1);
-                if (!_mm256_testz_si256(nfv, nfv)) /* rare: the columns' NaN/inf flags */
-                    for (int t = 0; t < 16; t++)
-                        fb[pv * 16 + t] |= (uint8_t)!isfinite(xr[t]);
+            if (r >= kr) {
+                _mm256_storeu_si256((__m256i *)o, ez);
+                _mm256_storeu_ps(o + 8, _mm256_setzero_ps());
+                _mm256_storeu_ps(o + 16, _mm256_setzero_ps());
                 continue;
             }
-            badg |= pack_row_scalar(x, 1, r, kr, N, pv, emin, o, fb, &lo_t, &hi_t);
+            const float *xr = x + r * N + pv * 16;
+            __m256i e0, e1, nfv = _mm256_setzero_si256();
+            __m256 f0, f1;
+            __m256 v0 = nl == 16 ? _mm256_loadu_ps(xr) : _mm256_maskload_ps(xr, m0);
+            __m256 v1 = nl == 16 ? _mm256_loadu_ps(xr + 8) : _mm256_maskload_ps(xr + 8, m1);
+            bad = _mm256_or_si256(bad, lean8(v0, em, &e0, &f0, &nfv, &lo, &hi));
+            bad = _mm256_or_si256(bad, lean8(v1, em, &e1, &f1, &nfv, &lo, &hi));
+            _mm256_storeu_si256((__m256i *)o, _mm256_permute4x64_epi64(_mm256_packs_epi32(e0, e1), 0xd8));
+            _mm256_storeu_ps(o + 8, f0);
+            _mm256_storeu_ps(o + 16, f1);
+            if (!_mm256_testz_si256(nfv, nfv)) /* rare: the columns' NaN/inf flags */
+                for (Py_ssize_t t = 0; t < nl; t++)
+                    fb[pv * 16 + t] |= (uint8_t)!isfinite(xr[t]);
         }
-    fold_range(lo, hi, lo_t, hi_t, lo_, hi_);
-    return badg | !_mm256_testz_si256(bad, bad);
+    }
+    fold_range(lo, hi, *lo_, *hi_, lo_, hi_);
+    return !_mm256_testz_si256(bad, bad);
 }
 #endif
 
@@ -908,7 +902,7 @@ typedef struct {
     Py_ssize_t M, N, Kp, k0, kr, nb, nbatch;
     const prm_t *p;
     int nthreads, tid, bad;
-    int32_t lo_a, hi_a, lo_b, hi_b; /* the AVX2 loop's exponent ranges (lean_f), this thread's share */
+    int32_t lo_a, hi_a, lo_b, hi_b; /* the AVX2 loop's exponent ranges (lean_d, lean8), this thread's share */
     int sa, sb;                     /* scale_worker: the scalings */
 } prep_t;
 

@@ -338,7 +338,8 @@ def test_float32_operands_prepared_lean_every_tail_group(spec: str) -> None:
     """float32 operands are prepared for the AVX2 loop straight from their bits (no float64 copy): every shape
     of the last group of lanes (a partial vector alone, or with the full vector of its pair; past a 128-lane
     tile), NaN/inf in A and B, and values the AVX2 loop cannot take (beyond 2**+-40; bf16 subnormals, which
-    are float32 subnormals), which send the whole call to the integer loop: the same bits as the reference."""
+    are float32 subnormals), which send the whole call to the integer loop, in whole vectors and in the
+    tails read with masked loads: the same bits as the reference."""
     m = fpsim.mma.as_model(spec)
     rng = np.random.default_rng(3037)
     ki = m.instruction_k
@@ -353,12 +354,14 @@ def test_float32_operands_prepared_lean_every_tail_group(spec: str) -> None:
         b2[kk - 1, nn - 1] = np.inf if has_inf else np.nan
         variants.append((a2, b2))
         for v in (2.0**41, 2.0**-41, m.input.min_subnormal):
-            a3 = a.copy()
-            a3[0, 0, 1] = np.float32(G.convert_inputs(np.array([v]), m.input, None, "A")[0])
-            variants.append((a3, b))
-            b3 = b.copy()
-            b3[1, 0] = np.float32(G.convert_inputs(np.array([v]), m.b_format, None, "B")[0])
-            variants.append((a, b3))
+            # in a whole vector, and in the masked tails (A's last block, B's last row and partial pair)
+            for ia, ib in (((0, 0, 1), (1, 0)), ((1, 4, kk - 1), (kk - 1, nn - 1))):
+                a3 = a.copy()
+                a3[ia] = np.float32(G.convert_inputs(np.array([v]), m.input, None, "A")[0])
+                variants.append((a3, b))
+                b3 = b.copy()
+                b3[ib] = np.float32(G.convert_inputs(np.array([v]), m.b_format, None, "B")[0])
+                variants.append((a, b3))
         for x, y in variants:
             ref = np.asarray(fpsim.matmul(x.astype(np.float64), y.astype(np.float64), model=m), np.float32)
             assert_all_same(lambda: G._matmul_values(x, y, None, m))
@@ -392,3 +395,4 @@ def test_operands_scaled_into_the_float32_loop(spec: str) -> None:
             assert_all_same(lambda: fpsim.matmul(a, b, c, model=m))
             assert_all_same(lambda: G._matmul_values(a.astype(np.float32), b.astype(np.float32),
                                                      None if c is None else c.astype(np.float32), m))
+
