@@ -18,8 +18,12 @@
  *   encode(vals, out, in32, params)    the bit patterns of values already representable in a format.
  *   analyze_block(b, r, in32, min_normal, max)   (b, r both float32 with in32=1, else both float64)
  *                                      the counts and error maxima of fpsim.analyze for one block.
+ *   gelu_u(x, u, c1, c2), gelu_out(x, t, out), gelu_grad(dout, x, t, out, k3, c2)
+ *                                      GELU's float32 passes of fpsim.nn.layers (all but tanh): each value
+ *                                      through the same float32 operations in the same order as the NumPy
+ *                                      code there, in one pass instead of five to eleven.
  *
- * The NumPy code in arith.py, accumulate.py, bits.py and rounding.py stays the reference and fallback
+ * The NumPy code in arith.py, accumulate.py, bits.py, rounding.py and nn/layers.py stays the reference and fallback
  * (module flags fpsim.arith.use_c_arith and friends); tests/test_hotpaths.py checks these bit for bit
  * against it. Built with -frounding-math (fma_ro switches the rounding mode), -ffp-contract=off and
  * -fno-trapping-math (no code here reads or traps on the exception flags; it lets GCC if-convert and vectorize).
@@ -1255,6 +1259,110 @@ static PyObject *sink_result(PyObject *self, PyObject *cap)
     return Py_BuildValue("nnnnndd", c.exact, c.underflow, c.subnormal, c.nan, c.beyond, c.max_abs, c.max_rel);
 }
 
+/* GELU (tanh approximation) in float32, the passes around NumPy's tanh. Each line is one float32 operation of
+ * the NumPy code in fpsim/nn/layers.py, in its order (no contraction: this file is built with
+ * -ffp-contract=off), so the bits are the same; one pass through memory instead of one per operation, each
+ * with a fresh temporary (and its page faults). The constants come from the caller as float32, as NumPy
+ * converts a Python float. */
+CLONES static void gelu_u_loop(const float *x, float *u, Py_ssize_t n, float c1, float c2)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const float v = x[i];
+        float w = v * v;
+        w = w * v;
+        w = w * c1;
+        w = v + w;
+        u[i] = w * c2;
+    }
+}
+
+CLONES static void gelu_out_loop(const float *x, const float *t, float *o, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const float a = x[i] * 0.5f;
+        o[i] = a * (t[i] + 1.0f);
+    }
+}
+
+CLONES static void gelu_grad_loop(const float *d, const float *x, const float *t, float *g, Py_ssize_t n, float k3,
+                                  float c2)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const float v = x[i], tt = t[i];
+        float du = v * k3;
+        du = du * v;
+        du = du + 1.0f;
+        du = du * c2;
+        float q = v * 0.5f;
+        float r = tt * tt;
+        r = 1.0f - r;
+        q = q * r;
+        q = q * du;
+        float p = tt + 1.0f;
+        p = p * 0.5f;
+        p = p + q;
+        g[i] = d[i] * p;
+    }
+}
+
+/* the buffers of a GELU pass: na inputs then one output, all float32 of one length */
+static int gelu_buffers(const char *name, Py_buffer *b, int nb, Py_ssize_t *n)
+{
+    *n = b[0].len / 4;
+    for (int i = 0; i < nb; i++)
+        if (b[i].len != b[0].len || b[i].len % 4) {
+            for (int j = 0; j < nb; j++)
+                PyBuffer_Release(&b[j]);
+            PyErr_Format(PyExc_ValueError, "%s: the buffers must hold the same number of float32 values", name);
+            return -1;
+        }
+    return 0;
+}
+
+static PyObject *gelu_u(PyObject *self, PyObject *args)
+{
+    Py_buffer b[2];
+    float c1, c2;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "y*w*ff", &b[0], &b[1], &c1, &c2) || gelu_buffers("gelu_u", b, 2, &n))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    gelu_u_loop((const float *)b[0].buf, (float *)b[1].buf, n, c1, c2);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b[0]); PyBuffer_Release(&b[1]);
+    Py_RETURN_NONE;
+}
+
+static PyObject *gelu_out(PyObject *self, PyObject *args)
+{
+    Py_buffer b[3];
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "y*y*w*", &b[0], &b[1], &b[2]) || gelu_buffers("gelu_out", b, 3, &n))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    gelu_out_loop((const float *)b[0].buf, (const float *)b[1].buf, (float *)b[2].buf, n);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b[0]); PyBuffer_Release(&b[1]); PyBuffer_Release(&b[2]);
+    Py_RETURN_NONE;
+}
+
+static PyObject *gelu_grad(PyObject *self, PyObject *args)
+{
+    Py_buffer b[4];
+    float k3, c2;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*ff", &b[0], &b[1], &b[2], &b[3], &k3, &c2) ||
+        gelu_buffers("gelu_grad", b, 4, &n))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    gelu_grad_loop((const float *)b[0].buf, (const float *)b[1].buf, (const float *)b[2].buf, (float *)b[3].buf, n,
+                   k3, c2);
+    Py_END_ALLOW_THREADS
+    for (int i = 0; i < 4; i++)
+        PyBuffer_Release(&b[i]);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"fma_ro", fma_ro, METH_VARARGS, "RO53(a*b + c) into a float64 out, or its float32 rounding in a mode."},
     {"pairwise_rne", pairwise_rne, METH_VARARGS, "Pairwise sum over axis 0, round-to-nearest-even, p <= 25."},
@@ -1264,6 +1372,9 @@ static PyMethodDef methods[] = {
     {"analyze_sink", analyze_sink, METH_VARARGS, "A sink for _ckernel.round_bits that counts as analyze_block."},
     {"encode_sink", encode_sink, METH_VARARGS, "A sink for _ckernel.round_bits that encodes as encode."},
     {"encode_table_sink", encode_table_sink, METH_VARARGS, "A sink for _ckernel.round_bits that encodes as encode_table."},
+    {"gelu_u", gelu_u, METH_VARARGS, "GELU's tanh argument, float32 (fpsim.nn.layers' operations)."},
+    {"gelu_out", gelu_out, METH_VARARGS, "GELU's output from x and tanh, float32 (fpsim.nn.layers' operations)."},
+    {"gelu_grad", gelu_grad, METH_VARARGS, "GELU's input gradient, float32 (fpsim.nn.layers' operations)."},
     {"sink_result", sink_result, METH_O, "An analyze sink's counts, or an encode sink's flag (1: NumPy path needed)."},
     {NULL, NULL, 0, NULL}};
 

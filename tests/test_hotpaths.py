@@ -309,3 +309,89 @@ def test_compiled_encoders_direct() -> None:
         arith._carith.fma_ro(np.zeros(3), np.zeros(2), np.zeros(3), np.zeros(3), 0, 0)
     with pytest.raises(ValueError, match="pairwise_rne"):
         arith._carith.pairwise_rne(np.zeros(3), np.zeros(1), 4, 1, 0, 0, 24, -126, 127)
+
+
+# ------------------------------------------------------------------------------------------------ GELU
+
+def _same_f32_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bit for bit, any NaN matching any NaN (a NaN's payload follows the operand order the compiler picked)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    na, nb = np.isnan(a), np.isnan(b)
+    return bool(np.array_equal(na, nb) and np.array_equal(a.view(np.uint32)[~na], b.view(np.uint32)[~nb]))
+
+
+def test_gelu_c_matches_numpy_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GELU's compiled float32 passes (forward around NumPy's tanh, and the backward) against the NumPy code of
+    fpsim.nn.layers: random bit patterns (every exponent, subnormals, NaN, inf), values over many binades with
+    specials, overflow of x**3, and shapes; the inputs are left as they were."""
+    from fpsim.nn import layers
+
+    rng = np.random.default_rng(1705)
+    pats = rng.integers(0, 2**32, 1 << 16, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    mixed = _mixed(1 << 15, SPECIAL32, np.float32, rng)
+    edge = np.array([2.0**42, -(2.0**42), 2.0**43, 1e13, -1e13, 3e12, 5.5, -5.5, 9.0, -9.0, 1e-20, -1e-30],
+                    dtype=np.float32)
+    for x in (pats, mixed, edge, mixed[:1000].reshape(10, 20, 5), np.zeros((0, 4), np.float32)):
+        x0 = x.copy()
+        dout = np.resize(_mixed(4096, SPECIAL32, np.float32, rng), x.shape).astype(np.float32)
+        d0 = dout.copy()
+        with np.errstate(all="ignore"):
+            (o_c, cache_c), (o_n, cache_n) = _both(monkeypatch, layers, "use_c_gelu", lambda: layers.gelu_forward(x))
+            assert _same_f32_bits(o_c, o_n) and _same_f32_bits(cache_c[1], cache_n[1])
+            g_c, g_n = _both(monkeypatch, layers, "use_c_gelu", lambda: layers.gelu_backward(dout, cache_n))
+            assert _same_f32_bits(g_c, g_n)
+        assert np.array_equal(x.view(np.uint32), x0.view(np.uint32))
+        assert np.array_equal(dout.view(np.uint32), d0.view(np.uint32))
+
+
+def test_gelu_c_takes_only_contiguous_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Strided, float64 and mixed-dtype calls run the NumPy code (the same results either way)."""
+    from fpsim.nn import layers
+
+    rng = np.random.default_rng(1706)
+    x = rng.standard_normal((64, 48)).astype(np.float32)
+    calls: list[str] = []
+    real = layers._carith
+    assert real is not None
+
+    class Spy:
+        def __getattr__(self, name: str) -> Any:
+            calls.append(name)
+            return getattr(real, name)
+
+    monkeypatch.setattr(layers, "_carith", Spy())
+    for arg in (x[:, ::2], x.astype(np.float64), x.T):
+        out, cache = layers.gelu_forward(arg)
+        layers.gelu_backward(np.ones_like(out), cache)
+    assert calls == []
+    out, cache = layers.gelu_forward(x)
+    layers.gelu_backward(np.ones_like(out), cache)
+    assert calls == ["gelu_u", "gelu_out", "gelu_grad"]
+    # a float64 gradient with float32 activations: the NumPy code
+    calls.clear()
+    layers.gelu_backward(np.ones(out.shape), cache)
+    assert calls == []
+
+
+def test_fp32_training_steps_same_bits_with_compiled_gelu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three fp32 demo steps give bit-identical parameters with the compiled GELU passes and without."""
+    from dataclasses import replace
+
+    from fpsim.amp import get_policy
+    from fpsim.nn import layers
+    from fpsim.train import Trainer
+    from fpsim.train.demo import demo_settings
+
+    cfg = replace(demo_settings().train_config(), steps=3, telemetry_every=0, histogram_every=0, eval_every=0)
+    params = []
+    for on in (True, False):
+        monkeypatch.setattr(layers, "use_c_gelu", on)
+        tr = Trainer(get_policy("fp32"), cfg)
+        for _ in range(3):
+            tr.step()
+        params.append({k: np.asarray(v).copy() for k, v in tr.store.weights.items()})
+    assert params[0].keys() == params[1].keys()
+    for k in params[0]:
+        assert np.array_equal(params[0][k].view(np.uint32), params[1][k].view(np.uint32)), k

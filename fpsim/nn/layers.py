@@ -23,6 +23,15 @@ from .._checks import check_int
 from .._fpenv import ieee_mode
 from .precision import Precision, current_precision
 
+try:  # GELU's float32 passes in one loop each (fpsim/_carith.c); the NumPy code below stays the reference
+    from .. import _carith  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - built without a compiler
+    _carith = None
+
+use_c_gelu = _carith is not None
+"""Whether float32 GELU runs its elementwise passes in compiled loops (the same float32 operations in the same
+order as the NumPy code, so the same bits; tanh stays NumPy's). ``False`` forces the NumPy code."""
+
 __all__ = [
     "cross_entropy_backward",
     "cross_entropy_forward",
@@ -183,11 +192,28 @@ def layernorm_backward(dout: np.ndarray, cache: Cache) -> tuple[np.ndarray, np.n
 # ---------------------------------------------------------------------------------------------- GELU
 
 _GELU_C = float(np.sqrt(2.0 / np.pi))
+# the float32 constants of the compiled passes: NumPy's conversions of the Python floats the NumPy code uses
+_C1, _C2, _K3 = (float(np.float32(v)) for v in (0.044715, _GELU_C, 3 * 0.044715))
+
+
+def _c_gelu(*arrays: Any) -> bool:
+    """Whether GELU's compiled float32 passes take these arrays: C-contiguous float32 of one shape."""
+    return use_c_gelu and all(
+        isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous and a.shape == arrays[0].shape
+        for a in arrays)
 
 
 @ieee_mode
 def gelu_forward(x: np.ndarray) -> tuple[np.ndarray, Cache]:
     """GELU, tanh approximation (GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    if _c_gelu(x):
+        assert _carith is not None
+        u = np.empty_like(x)
+        _carith.gelu_u(x, u, _C1, _C2)
+        t = np.tanh(u, out=u)
+        out = np.empty_like(x)
+        _carith.gelu_out(x, t, out)
+        return out, (x, t)
     if _same_float(x):  # the same operations in the same order, in three buffers instead of nine
         u = np.multiply(x, x)
         u *= x
@@ -206,6 +232,11 @@ def gelu_forward(x: np.ndarray) -> tuple[np.ndarray, Cache]:
 @ieee_mode
 def gelu_backward(dout: np.ndarray, cache: Cache) -> np.ndarray:
     x, t = cache
+    if isinstance(dout, np.ndarray) and dout.shape == x.shape and _c_gelu(dout, x, t):
+        assert _carith is not None
+        g: np.ndarray = np.empty_like(x)
+        _carith.gelu_grad(dout, x, t, g, _K3, _C2)
+        return g
     if isinstance(dout, np.ndarray) and dout.shape == x.shape and _same_float(dout, x, t):
         # the same operations in the same order (each product of a Python float rounds as before), in
         # three buffers instead of eleven fresh arrays
