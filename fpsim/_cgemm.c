@@ -473,7 +473,7 @@ __attribute__((noinline)) static void finish_lanes(const int32_t *emax, const do
  * it had one. */
 __attribute__((target("avx2,fma"), always_inline)) static inline int
 fused_group(const prm_t *p, const float *af, const int32_t *ea, const float *q, int k, int kpk,
-            const double *cin, double *cout, double *cnf, const int NV)
+            const double *cin, double *cout, double *cnf, const int NV, const int RNE)
 {
     const int NP = (NV + 1) / 2; /* pairs */
     const int cs = p->cs;
@@ -508,10 +508,15 @@ fused_group(const prm_t *p, const float *af, const int32_t *ea, const float *q, 
             eh[h] = _mm256_permute4x64_epi64(_mm256_packs_epi32(em[2 * h], NV > 1 ? em[2 * h + 1] : em[2 * h]), 0xd8);
     }
     /* pass 1: E_max = max(E_c or mel, ea + eb) */
-    for (int l = 0; l < k; l++) {
-        const __m256i e = _mm256_set1_epi16((int16_t)ea[l]);
-        for (int h = 0; h < NP; h++)
-            eh[h] = _mm256_max_epi16(eh[h], _mm256_adds_epi16(e, _mm256_loadu_si256((const __m256i *)(q + (h * kpk + l) * 24))));
+    {
+        const Py_ssize_t hstep = (Py_ssize_t)kpk * 24; /* from one pair's packed B to the next's */
+        const float *ql = q;
+        for (int l = 0; l < k; l++, ql += 24) {
+            const __m256i e = _mm256_set1_epi16((int16_t)ea[l]);
+            for (int h = 0; h < NP; h++)
+                eh[h] = _mm256_max_epi16(eh[h],
+                                         _mm256_adds_epi16(e, _mm256_loadu_si256((const __m256i *)(ql + h * hstep))));
+        }
     }
     {
         const __m256i sbias = _mm256_set1_epi32(127 + 23 + p->neab - p->fsh);
@@ -534,10 +539,12 @@ fused_group(const prm_t *p, const float *af, const int32_t *ea, const float *q, 
         const int l1 = l0 + cs < k ? l0 + cs : k;
         for (int u = 0; u < NV; u++)
             ac[u] = _mm256_setzero_si256();
-        for (int l = l0; l < l1; l++) {
+        const Py_ssize_t hstep = (Py_ssize_t)kpk * 24;
+        const float *ql = q + (Py_ssize_t)l0 * 24 + 8; /* running pointers, not indices recomputed per row */
+        for (int l = l0; l < l1; l++, ql += 24) {
             const __m256 a = _mm256_set1_ps(af[l]);
             for (int u = 0; u < NV; u++) {
-                __m256 b = _mm256_loadu_ps(q + ((u / 2) * kpk + l) * 24 + 8 + 8 * (u & 1));
+                __m256 b = _mm256_loadu_ps(ql + (u / 2) * hstep + 8 * (u & 1));
                 __m256 pr = _mm256_mul_ps(_mm256_mul_ps(a, b), sc[u]);
                 ac[u] = _mm256_add_epi32(ac[u], _mm256_cvttps_epi32(pr));
             }
@@ -563,7 +570,24 @@ fused_group(const prm_t *p, const float *af, const int32_t *ea, const float *q, 
         const __m256i bigm1 = _mm256_set1_epi64x((int64_t)d2bits(pow2v(p->emax_out + 1)) - 1);
         const __m256i small = _mm256_set1_epi64x((int64_t)d2bits(pow2v(p->emin_out)) - 1);
         const __m256i zero = _mm256_setzero_si256();
+        /* Where every lane's E_max lies inside [emin_out + 23 + neab, emax_out - 3 - bitlen(k)], no lane needs
+         * the checks: the result is a multiple of 2**L, so 0 or at least 2**L >= 2**emin_out (normal), and below
+         * k 2**(E_max + 2) + 2**(E_max + 1) <= 2**(emax_out + 1) even rounded up (no overflow). */
+        int fast;
+        {
+            const int32_t lg = bitlen64((uint64_t)p->k);
+            const __m256i elo = _mm256_set1_epi32(p->emin_out + 23 + p->neab - 1);
+            const __m256i ehi = _mm256_set1_epi32(p->emax_out - 2 - lg);
+            __m256i in = _mm256_set1_epi32(-1);
+            for (int u = 0; u < NV; u++)
+                in = _mm256_and_si256(in, _mm256_and_si256(_mm256_cmpgt_epi32(em[u], elo),
+                                                           _mm256_cmpgt_epi32(ehi, em[u])));
+            fast = _mm256_movemask_epi8(in) == -1;
+        }
+        /* unrolled: the chunks' long dependency chains overlap */
+#pragma GCC unroll 8
         for (int u = 0; u < NV; u++)
+#pragma GCC unroll 2
             for (int hh = 0; hh < 2; hh++) {
                 const int j = 8 * u + 4 * hh;
                 __m128i e32 = hh ? _mm256_extracti128_si256(em[u], 1) : _mm256_castsi256_si128(em[u]);
@@ -577,9 +601,13 @@ fused_group(const prm_t *p, const float *af, const int32_t *ea, const float *q, 
                 __m256d qc = _mm256_round_pd(_mm256_mul_pd(cf, pnL), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
                 __m256i yb = _mm256_castpd_si256(_mm256_mul_pd(_mm256_add_pd(acc, qc), pL));
                 __m256i ay = _mm256_and_si256(yb, absm);
-                __m256i rb = p->rne ? _mm256_add_epi64(yb, _mm256_add_epi64(halfm1, _mm256_and_si256(_mm256_srli_epi64(yb, drop), one)))
+                __m256i rb = RNE ? _mm256_add_epi64(yb, _mm256_add_epi64(halfm1, _mm256_and_si256(_mm256_srli_epi64(yb, drop), one)))
                                     : yb;
                 rb = _mm256_and_si256(rb, keep);
+                if (fast) {
+                    _mm256_storeu_pd(cout + j, _mm256_castsi256_pd(rb));
+                    continue;
+                }
                 __m256i ok = _mm256_or_si256(_mm256_cmpeq_epi64(ay, zero), _mm256_cmpgt_epi64(ay, small));
                 ok = _mm256_andnot_si256(_mm256_cmpgt_epi64(_mm256_and_si256(rb, absm), bigm1), ok);
                 if (__builtin_expect(_mm256_movemask_pd(_mm256_castsi256_pd(ok)) == 0xf, 1)) {
@@ -597,10 +625,44 @@ fused_group(const prm_t *p, const float *af, const int32_t *ea, const float *q, 
     return anys;
 }
 
+/* fused_avx2 for one rounding (RNE: 1 round to nearest even, 0 toward zero; a constant in each copy). q: the
+ * packed B of the block at lane j0. A last partial vector (nt not a multiple of 8) runs with its pair's other
+ * vector, if any, on copies padded with zeros (pack_b pads B there), and only its lanes are written back. */
+__attribute__((target("avx2,fma"), always_inline)) static inline int
+fused_row(const job_t *J, const float *af, const int32_t *ea, const float *q, int nt, int klen, const double *cin,
+          double *cout, double *cnf, const int RNE)
+{
+    const int k = J->p->k;
+    const int nfull = nt / 8, rem = nt % 8;
+    /* full vectors before the tail group: all of them, or those before the partial vector's pair */
+    const int nv = rem ? nfull & ~1 : nfull;
+    int v = 0, s = 0;
+    for (; v + 4 <= nv; v += 4)
+        s |= fused_group(J->p, af, ea, q + (Py_ssize_t)(v / 2) * k * 24, klen, k, cin + 8 * v, cout + 8 * v,
+                         cnf + 8 * v, 4, RNE);
+    for (; v + 2 <= nv; v += 2)
+        s |= fused_group(J->p, af, ea, q + (Py_ssize_t)(v / 2) * k * 24, klen, k, cin + 8 * v, cout + 8 * v,
+                         cnf + 8 * v, 2, RNE);
+    if (v < nv)
+        s |= fused_group(J->p, af, ea, q + (Py_ssize_t)(v / 2) * k * 24, klen, k, cin + 8 * v, cout + 8 * v,
+                         cnf + 8 * v, 1, RNE);
+    if (rem) { /* v = nv, even: the pair of the partial vector */
+        const int n = nt - 8 * v, NV = n > 8 ? 2 : 1;
+        double ti[16] = {0.0}, to[16], tn[16];
+        memcpy(ti, cin + 8 * v, sizeof(double) * (size_t)n);
+        const float *qv = q + (Py_ssize_t)(v / 2) * k * 24;
+        int sp = NV == 2 ? fused_group(J->p, af, ea, qv, klen, k, ti, to, tn, 2, RNE)
+                         : fused_group(J->p, af, ea, qv, klen, k, ti, to, tn, 1, RNE);
+        memcpy(cout + 8 * v, to, sizeof(double) * (size_t)n);
+        if (sp)
+            memcpy(cnf + 8 * v, tn, sizeof(double) * (size_t)n);
+        s |= sp;
+    }
+    return s;
+}
+
 /* Lanes [j0, j0 + nt) (j0 a multiple of 16) of row i, the block of klen products at kl (a multiple of k),
- * all passes (fused_group). A last partial vector (nt not a multiple of 8) runs with its pair's other
- * vector, if any, on copies padded with zeros (pack_b pads B there), and only its lanes are written back.
- * Returns whether an addend was non-finite (cnf as fused_group). */
+ * all passes (fused_group). Returns whether an addend was non-finite (cnf as fused_group). */
 __attribute__((target("avx2,fma"))) static int fused_avx2(const job_t *J, const float *af, const int32_t *ea,
                                                          Py_ssize_t kl, Py_ssize_t j0, int nt, int klen,
                                                          const double *cin, double *cout, double *cnf)
@@ -608,29 +670,9 @@ __attribute__((target("avx2,fma"))) static int fused_avx2(const job_t *J, const 
     const int k = J->p->k;
     const Py_ssize_t npt = ((J->N + 7) / 8 + 1) / 2;
     const float *q = J->bf + ((kl / k) * npt + j0 / 16) * (Py_ssize_t)k * 24;
-    const int nfull = nt / 8, rem = nt % 8;
-    /* full vectors before the tail group: all of them, or those before the partial vector's pair */
-    const int nv = rem ? nfull & ~1 : nfull;
-    int v = 0, s = 0;
-    for (; v + 4 <= nv; v += 4)
-        s |= fused_group(J->p, af, ea, q + (Py_ssize_t)(v / 2) * k * 24, klen, k, cin + 8 * v, cout + 8 * v, cnf + 8 * v, 4);
-    for (; v + 2 <= nv; v += 2)
-        s |= fused_group(J->p, af, ea, q + (Py_ssize_t)(v / 2) * k * 24, klen, k, cin + 8 * v, cout + 8 * v, cnf + 8 * v, 2);
-    if (v < nv)
-        s |= fused_group(J->p, af, ea, q + (Py_ssize_t)(v / 2) * k * 24, klen, k, cin + 8 * v, cout + 8 * v, cnf + 8 * v, 1);
-    if (rem) { /* v = nv, even: the pair of the partial vector */
-        const int n = nt - 8 * v, NV = n > 8 ? 2 : 1;
-        double ti[16] = {0.0}, to[16], tn[16];
-        memcpy(ti, cin + 8 * v, sizeof(double) * (size_t)n);
-        const float *qv = q + (Py_ssize_t)(v / 2) * k * 24;
-        int sp = NV == 2 ? fused_group(J->p, af, ea, qv, klen, k, ti, to, tn, 2)
-                         : fused_group(J->p, af, ea, qv, klen, k, ti, to, tn, 1);
-        memcpy(cout + 8 * v, to, sizeof(double) * (size_t)n);
-        if (sp)
-            memcpy(cnf + 8 * v, tn, sizeof(double) * (size_t)n);
-        s |= sp;
-    }
-    return s;
+    if (J->p->rne)
+        return fused_row(J, af, ea, q, nt, klen, cin, cout, cnf, 1);
+    return fused_row(J, af, ea, q, nt, klen, cin, cout, cnf, 0);
 }
 #endif
 

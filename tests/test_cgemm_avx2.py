@@ -396,3 +396,30 @@ def test_operands_scaled_into_the_float32_loop(spec: str) -> None:
             assert_all_same(lambda: G._matmul_values(a.astype(np.float32), b.astype(np.float32),
                                                      None if c is None else c.astype(np.float32), m))
 
+
+
+
+@pytest.mark.parametrize("spec", FUSED_SPECS)
+def test_fused_chunk_checks_skipped_only_where_safe(spec: str) -> None:
+    """The AVX2 loop skips the per-chunk subnormal/overflow checks where every lane's E_max lies well inside
+    the output range. Products of full-mantissa inputs (random signs, so the sums have bits to round) at
+    every exponent sum the input format reaches, rows by A's exponent and lanes by B's: the blocks' E_max
+    sweep across both edges of that window wherever the format reaches them (subnormal and overflowing
+    results beside normal ones), with no addend, an addend of the same size, and a tiny one."""
+    m = fpsim.mma.as_model(spec)
+    fin = m.input
+    rng = np.random.default_rng(3052)
+    ki = m.instruction_k
+    ta = np.unique(np.array([fin.emin, fin.emin // 2, -3, 0, 3, fin.emax // 2, fin.emax]))
+    tb = np.arange(fin.emin, fin.emax + 1)
+
+    def full(shape: tuple[int, ...], e: np.ndarray) -> np.ndarray:
+        x = (1.0 + rng.random(shape)) * np.exp2(e.astype(float)) * rng.choice([-1.0, 1.0], shape)
+        return np.asarray(G.convert_inputs(x, fin, None, "A"), dtype=np.float64)
+
+    a = full((len(ta), 2 * ki), np.repeat(ta[:, None], 2 * ki, axis=1))
+    b = full((2 * ki, len(tb)), np.repeat(tb[None, :], 2 * ki, axis=0))
+    with np.errstate(over="ignore", invalid="ignore"):
+        same = np.asarray(fpsim.round(np.exp2((ta[:, None] + tb[None, :]).astype(float)) * 3.7, m.output))
+        for c in (None, same, same * 2.0**-30):
+            assert_all_same(lambda: fpsim.matmul(a, b, c, model=m))
