@@ -511,6 +511,7 @@ fused_group(const prm_t *p, const float *af, const int32_t *ea, const float *q, 
     {
         const Py_ssize_t hstep = (Py_ssize_t)kpk * 24; /* from one pair's packed B to the next's */
         const float *ql = q;
+#pragma GCC unroll 4
         for (int l = 0; l < k; l++, ql += 24) {
             const __m256i e = _mm256_set1_epi16((int16_t)ea[l]);
             for (int h = 0; h < NP; h++)
@@ -541,6 +542,7 @@ fused_group(const prm_t *p, const float *af, const int32_t *ea, const float *q, 
             ac[u] = _mm256_setzero_si256();
         const Py_ssize_t hstep = (Py_ssize_t)kpk * 24;
         const float *ql = q + (Py_ssize_t)l0 * 24 + 8; /* running pointers, not indices recomputed per row */
+#pragma GCC unroll 2
         for (int l = l0; l < l1; l++, ql += 24) {
             const __m256 a = _mm256_set1_ps(af[l]);
             for (int u = 0; u < NV; u++) {
