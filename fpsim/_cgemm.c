@@ -311,8 +311,8 @@ static inline int pack_row_scalar(const double *x, Py_ssize_t r, Py_ssize_t kr, 
  * values take pack_b32_avx2), packed for the AVX2 loop as [block][pair of 8-lane vectors][row in block][16
  * int16 exponents, 16 float32 values] (lean_d), so that a block's B for a group of lanes is one contiguous
  * run; rows past kr and lanes past N (the last vector may be partial, and a last odd vector has no pair)
- * are zeros (exponent ZERO_EXP). fb[j] = 1 for each column j whose block holds a NaN or an infinity. Returns 1 where the AVX2
- * loop cannot take a value. */
+ * are zeros (exponent ZERO_EXP). fb[j] = 1 for each column j whose block holds a NaN or an infinity. Returns 1
+ * where the AVX2 loop cannot take a value. */
 CLONES static int pack_b64(const double *x, Py_ssize_t kr, Py_ssize_t N, int k, int emin, Py_ssize_t bi,
                            float *out, uint8_t *fb, int32_t *lo, int32_t *hi)
 {
@@ -366,7 +366,8 @@ __attribute__((target("avx2"))) static void fold_range(__m256i lo, __m256i hi, i
 /* The lane mask of the first n (0..8) of eight 32-bit lanes, for the masked loads and stores of short runs */
 __attribute__((target("avx2"), always_inline)) static inline __m256i first_lanes(Py_ssize_t n)
 {
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int32_t)(n < 8 ? n : 8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int32_t)(n < 8 ? n : 8)),
+                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
 /* lean_row for float32 values, eight at a time (the same results); a block's last few values with masked
@@ -573,8 +574,10 @@ fused_group(const prm_t *p, const float *af, const int32_t *ea, const float *q, 
         const __m256i small = _mm256_set1_epi64x((int64_t)d2bits(pow2v(p->emin_out)) - 1);
         const __m256i zero = _mm256_setzero_si256();
         /* Where every lane's E_max lies inside [emin_out + 23 + neab, emax_out - 3 - bitlen(k)], no lane needs
-         * the checks: the result is a multiple of 2**L, so 0 or at least 2**L >= 2**emin_out (normal), and below
-         * k 2**(E_max + 2) + 2**(E_max + 1) <= 2**(emax_out + 1) even rounded up (no overflow). */
+         * the checks: the result is a multiple of 2**L, so 0 or at least 2**L >= 2**emin_out (normal); and its
+         * magnitude is below k 2**(E_max + 2) + 2**(E_max + 1) < 2**(E_max + 3 + bitlen(k)) <= 2**emax_out
+         * (each |a b| < 2**(ea + eb + 2), the addend < 2**(E_c + 1)), so even rounded up it stays below
+         * 2**(emax_out + 1): no overflow. */
         int fast;
         {
             const int32_t lg = bitlen64((uint64_t)p->k);
@@ -603,8 +606,9 @@ fused_group(const prm_t *p, const float *af, const int32_t *ea, const float *q, 
                 __m256d qc = _mm256_round_pd(_mm256_mul_pd(cf, pnL), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
                 __m256i yb = _mm256_castpd_si256(_mm256_mul_pd(_mm256_add_pd(acc, qc), pL));
                 __m256i ay = _mm256_and_si256(yb, absm);
-                __m256i rb = RNE ? _mm256_add_epi64(yb, _mm256_add_epi64(halfm1, _mm256_and_si256(_mm256_srli_epi64(yb, drop), one)))
-                                    : yb;
+                __m256i rb =
+                    RNE ? _mm256_add_epi64(yb, _mm256_add_epi64(halfm1, _mm256_and_si256(_mm256_srli_epi64(yb, drop), one)))
+                        : yb;
                 rb = _mm256_and_si256(rb, keep);
                 if (fast) {
                     _mm256_storeu_pd(cout + j, _mm256_castsi256_pd(rb));
