@@ -1305,7 +1305,7 @@ CLONES static void gelu_grad_loop(const float *d, const float *x, const float *t
     }
 }
 
-/* the buffers of a GELU pass: na inputs then one output, all float32 of one length */
+/* the nb buffers of a GELU pass (its inputs, then its output): float32 values, all of one length (*n) */
 static int gelu_buffers(const char *name, Py_buffer *b, int nb, Py_ssize_t *n)
 {
     *n = b[0].len / 4;
