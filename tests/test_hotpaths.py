@@ -362,7 +362,7 @@ def test_gelu_c_takes_only_contiguous_float32(monkeypatch: pytest.MonkeyPatch) -
             return getattr(real, name)
 
     monkeypatch.setattr(layers, "_carith", Spy())
-    for arg in (x[:, ::2], x.astype(np.float64), x.T):
+    for arg in (x[:, ::2], x.astype(np.float64), x.T, x.astype(">f4")):  # strided, float64, F-order, big-endian
         out, cache = layers.gelu_forward(arg)
         layers.gelu_backward(np.ones_like(out), cache)
     assert calls == []
@@ -373,6 +373,32 @@ def test_gelu_c_takes_only_contiguous_float32(monkeypatch: pytest.MonkeyPatch) -
     calls.clear()
     layers.gelu_backward(np.ones(out.shape), cache)
     assert calls == []
+    # big-endian and strided inputs give the compiled path's bits through the NumPy code
+    monkeypatch.setattr(layers, "_carith", real)
+    want = layers.gelu_forward(x)[0]
+    for arg in (x.astype(">f4"), np.asfortranarray(x)):
+        got = layers.gelu_forward(arg)[0]
+        assert _same_f32_bits(np.asarray(got, np.float32), want)
+
+
+def test_gelu_c_entry_refuses_mismatched_buffers() -> None:
+    """The private passes refuse buffers of different lengths (ValueError) and a read-only output (TypeError),
+    writing nothing."""
+    from fpsim.nn import layers
+
+    c = layers._carith
+    assert c is not None
+    x = np.ones(8, np.float32)
+    out = np.full(8, 7.0, np.float32)
+    with pytest.raises(ValueError, match="gelu_u"):
+        c.gelu_u(x, np.empty(7, np.float32), 0.5, 0.5)
+    with pytest.raises(ValueError, match="gelu_grad"):
+        c.gelu_grad(x, x, np.ones(9, np.float32), out, 0.5, 0.5)
+    ro = np.zeros(8, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(TypeError):
+        c.gelu_out(x, x, ro)
+    assert np.all(out == 7.0) and np.all(ro == 0.0)
 
 
 def test_fp32_training_steps_same_bits_with_compiled_gelu(monkeypatch: pytest.MonkeyPatch) -> None:
