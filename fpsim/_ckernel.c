@@ -398,6 +398,65 @@ static inline __attribute__((always_inline)) void spec32_sr_tiny(
     }
 }
 
+/* The same rule in AVX2 integer steps, eight elements at a time (n a multiple of 8): with d = d0 + max(tinyE -
+ * max(ef, 1), 0) dropped bits, up to 23 the bit trick with that d ((u + (rand >> (32 - d))) & ~(2^d - 1):
+ * the reference kernel's sum); beyond (|x| < q), F = floor(x/q * 2**32) = m << s or m >> -s (s = eff - 118 -
+ * qexp <= 8, m the significand), up iff F + rand carries out of 32 bits. Variable shifts instead of the
+ * float steps above: about half the instructions, and the |x| < q lanes only where a vector has one. */
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define HAVE_SR_AVX2 1
+__attribute__((target("avx2"), noinline)) static void sr_tiny_avx2(
+    const uint32_t *in, uint32_t *out, Py_ssize_t n, const uint32_t *rand, const int d0, const int tinyE,
+    const int qexp, const uint32_t qb, const uint32_t maxb, const uint32_t ovfr)
+{
+    const __m256i sign = _mm256_set1_epi32((int)0x80000000u), mag = _mm256_set1_epi32(0x7fffffff);
+    const __m256i one = _mm256_set1_epi32(1), ones = _mm256_set1_epi32(-1), c32 = _mm256_set1_epi32(32);
+    const __m256i vT = _mm256_set1_epi32(tinyE), vd0 = _mm256_set1_epi32(d0), zero = _mm256_setzero_si256();
+    const __m256i c23 = _mm256_set1_epi32(23), vs0 = _mm256_set1_epi32(118 + qexp);
+    const __m256i mm = _mm256_set1_epi32(0x7fffff), vq = _mm256_set1_epi32((int)qb);
+    const __m256i vmax = _mm256_set1_epi32((int)maxb), vovf = _mm256_set1_epi32((int)ovfr);
+    const __m256i inf = _mm256_set1_epi32(0x7f800000), nan = _mm256_set1_epi32(0x7fc00000);
+    for (Py_ssize_t i = 0; i < n; i += 8) {
+        __m256i b = _mm256_loadu_si256((const __m256i *)(in + i)), rw = _mm256_loadu_si256((const __m256i *)(rand + i));
+        __m256i s = _mm256_and_si256(b, sign), u = _mm256_and_si256(b, mag);
+        __m256i ef = _mm256_srli_epi32(u, 23), eff = _mm256_max_epi32(ef, one);
+        __m256i d = _mm256_add_epi32(vd0, _mm256_max_epi32(_mm256_sub_epi32(vT, eff), zero));
+        __m256i r = _mm256_add_epi32(u, _mm256_srlv_epi32(rw, _mm256_sub_epi32(c32, d)));
+        r = _mm256_and_si256(r, _mm256_sllv_epi32(ones, d)); /* d >= 32 lanes: replaced below */
+        __m256i deep = _mm256_cmpgt_epi32(d, c23);
+        if (!_mm256_testz_si256(deep, deep)) {
+            /* m: the significand (the implicit bit where ef != 0); both shifts give 0 for counts of 32 up */
+            __m256i m = _mm256_or_si256(_mm256_and_si256(u, mm),
+                                        _mm256_andnot_si256(_mm256_cmpeq_epi32(ef, zero), _mm256_set1_epi32(0x800000)));
+            __m256i sh = _mm256_sub_epi32(eff, vs0);
+            __m256i F = _mm256_or_si256(_mm256_sllv_epi32(m, sh), _mm256_srlv_epi32(m, _mm256_sub_epi32(zero, sh)));
+            __m256i sum = _mm256_add_epi32(F, rw); /* carries iff sum < rw (F = 0: never) */
+            __m256i up = _mm256_andnot_si256(_mm256_cmpeq_epi32(_mm256_max_epu32(sum, rw), sum), vq);
+            r = _mm256_blendv_epi8(r, up, deep);
+        }
+        /* beyond max: inf (or max when saturating); NaN inputs: NaN; the sign unless NaN */
+        r = _mm256_blendv_epi8(r, vovf, _mm256_cmpgt_epi32(r, vmax));
+        r = _mm256_blendv_epi8(r, nan, _mm256_cmpgt_epi32(u, inf));
+        r = _mm256_or_si256(r, _mm256_andnot_si256(_mm256_cmpgt_epi32(r, inf), s));
+        _mm256_storeu_si256((__m256i *)(out + i), r);
+    }
+}
+#else
+#define HAVE_SR_AVX2 0
+static void sr_tiny_avx2(const uint32_t *in, uint32_t *out, Py_ssize_t n, const uint32_t *rand, const int d0,
+                         const int tinyE, const int qexp, const uint32_t qb, const uint32_t maxb, const uint32_t ovfr)
+{
+    (void)in; (void)out; (void)n; (void)rand; (void)d0; (void)tinyE; (void)qexp; (void)qb; (void)maxb; (void)ovfr;
+}
+#endif
+#if defined(__GNUC__) && defined(__x86_64__)
+#define CPU_AVX2() (__builtin_cpu_supports("avx2") != 0)
+#else
+#define CPU_AVX2() 0
+#endif
+static int sr_avx2 = -1; /* whether SR below the min normal takes sr_tiny_avx2 (-1: where the CPU has AVX2) */
+
 #define SPEC_FN(TAG, MODE_, D0, TINYE, MAXB, QB, HQB, INFR, NSAT)                                 \
 CLONES __attribute__((noinline)) static void spec_##TAG(                                          \
     const uint32_t *in, uint32_t *out, Py_ssize_t n, const core_args_t *a, const uint32_t *rand) \
@@ -414,7 +473,14 @@ CLONES __attribute__((noinline)) static void spec_##TAG(                        
         /* 1/q: the exponent field of q negated about the bias (q, 1/q float32 normals here) */    \
         const uint32_t qb = (QB), ib = (uint32_t)(254u - ((QB) >> 23)) << 23; float Q, Qi;         \
         memcpy(&Q, &qb, 4); memcpy(&Qi, &ib, 4);                                                  \
-        spec32_sr_tiny(in, out, n, rand, D0, (uint32_t)(TINYE) << 23, Qi, Q, MAXB, INFR, NSAT);  \
+        Py_ssize_t v = 0;                                                                         \
+        if (HAVE_SR_AVX2 && (sr_avx2 < 0 ? CPU_AVX2() : sr_avx2)) {                               \
+            v = n & ~(Py_ssize_t)7;                                                               \
+            sr_tiny_avx2(in, out, v, rand, D0, TINYE, (int)((QB) >> 23) - 127, QB, MAXB,          \
+                         (NSAT) ? (INFR) : (MAXB));                                               \
+        }                                                                                         \
+        spec32_sr_tiny(in + v, out + v, n - v, rand + v, D0, (uint32_t)(TINYE) << 23, Qi, Q, MAXB, \
+                       INFR, NSAT);                                                               \
         return;                                                                                   \
     }                                                                                             \
     kernel32_core(in, out, n, rand, MODE_, 32, 23, D0, TINYE, 0, 0x7f800000u, MAXB, 0xffffffffu, \
@@ -583,41 +649,50 @@ __attribute__((target("avx2"))) static void philox_blocks_avx2(uint32_t k0, uint
 #define HAVE_PHX_AVX2 0
 #endif
 
-static int phx_avx2 = -1; /* whether this CPU runs the AVX2 loop (decided once) */
-/* philox_impl(which): the loop in use ("avx2" or "scalar"); which = "scalar"/"avx2"/"auto" switches it
- * (tests: both loops give the reference words). */
-static PyObject *philox_impl(PyObject *self, PyObject *args)
+static int phx_avx2 = -1; /* whether this CPU runs the Philox AVX2 loop (decided once) */
+
+/* The loop a switch selects: "scalar", "avx2" or "auto" (-1: where the CPU has AVX2); returns the one in use
+ * (tests: each loop gives the reference's bits). */
+static PyObject *impl_switch(PyObject *args, int *flag, int have, const char *name)
 {
     const char *which = NULL;
     if (!PyArg_ParseTuple(args, "|s", &which))
         return NULL;
     if (which) {
         if (strcmp(which, "scalar") == 0)
-            phx_avx2 = 0;
+            *flag = 0;
         else if (strcmp(which, "auto") == 0)
-            phx_avx2 = -1;
+            *flag = -1;
         else if (strcmp(which, "avx2") == 0) {
-#if HAVE_PHX_AVX2
-            if (!__builtin_cpu_supports("avx2")) {
-                PyErr_SetString(PyExc_ValueError, "philox_impl: this CPU has no AVX2");
+            if (!have) {
+                PyErr_Format(PyExc_ValueError, "%s: this build has no AVX2 loop", name);
                 return NULL;
             }
-            phx_avx2 = 1;
-#else
-            PyErr_SetString(PyExc_ValueError, "philox_impl: this build has no AVX2 loop");
-            return NULL;
-#endif
+            if (!CPU_AVX2()) {
+                PyErr_Format(PyExc_ValueError, "%s: this CPU has no AVX2", name);
+                return NULL;
+            }
+            *flag = 1;
         } else {
-            PyErr_Format(PyExc_ValueError, "philox_impl: %s is not one of 'auto', 'scalar', 'avx2'", which);
+            PyErr_Format(PyExc_ValueError, "%s: %s is not one of 'auto', 'scalar', 'avx2'", name, which);
             return NULL;
         }
     }
-#if HAVE_PHX_AVX2
-    int on = phx_avx2 < 0 ? __builtin_cpu_supports("avx2") != 0 : phx_avx2;
-#else
-    int on = 0;
-#endif
+    int on = have && (*flag < 0 ? CPU_AVX2() : *flag);
     return PyUnicode_FromString(on ? "avx2" : "scalar");
+}
+
+/* philox_impl(which): the Philox loop in use; sr_impl(which): the loop of exact SR below the min normal. */
+static PyObject *philox_impl(PyObject *self, PyObject *args)
+{
+    (void)self;
+    return impl_switch(args, &phx_avx2, HAVE_PHX_AVX2, "philox_impl");
+}
+
+static PyObject *sr_impl(PyObject *self, PyObject *args)
+{
+    (void)self;
+    return impl_switch(args, &sr_avx2, HAVE_SR_AVX2, "sr_impl");
 }
 
 static void philox_blocks(uint32_t k0, uint32_t k1, uint64_t b0, uint32_t *out, Py_ssize_t nb)
@@ -1257,6 +1332,8 @@ done:
 }
 
 static PyMethodDef methods[] = {
+    {"sr_impl", sr_impl, METH_VARARGS, "sr_impl([which]): the loop of exact SR below the min normal in use "
+     "('avx2' or 'scalar'); 'scalar', 'avx2' or 'auto' switches it (tests)."},
     {"philox_impl", philox_impl, METH_VARARGS, "philox_impl([which]): the Philox loop in use ('avx2' or "
      "'scalar'); 'scalar', 'avx2' or 'auto' switches it (tests)."},
     {"round_bits", round_bits, METH_VARARGS, "round_bits(in, out, rand, params[, chunk]): round carrier bit "

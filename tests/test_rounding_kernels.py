@@ -289,3 +289,63 @@ def test_encoder_and_counts_threads_after_fork_in_a_child(monkeypatch: pytest.Mo
     x = np.linspace(-3, 3, 1 << 20, dtype=np.float32)
     want = (fpsim.to_bits(x, "fp8_e4m3").tobytes(), repr(fpsim.analyze(x, "bf16")))  # the parent's pool has run
     assert in_forked_child(_child_encode) == want
+
+
+def _sr_loops() -> list[str]:
+    """The compiled loops of exact SR below the min normal this machine runs (the AVX2 one where it can)."""
+    loops = ["scalar"]
+    try:
+        R._ckernel.sr_impl("avx2")
+        loops.append("avx2")
+    except ValueError:
+        pass
+    R._ckernel.sr_impl("auto")
+    return loops
+
+
+@pytest.mark.parametrize("overflow", ["ieee", "saturate"])
+@pytest.mark.parametrize("fmt", ["fp16", "fp8_e4m3", "fp8_e5m2"])
+def test_sr_carry_boundaries(fmt: str, overflow: str) -> None:
+    """Exact SR from float32 with each element's random word at, one below and one above the word that makes
+    its dropped part carry: G = floor(frac(|x| / ulp) * 2**32), where ulp is the result's grid (q below the
+    min normal), carries iff rand + G >= 2**32. Every float32 exponent, both signs; each compiled loop (the
+    specialised copies: AVX2 and scalar) against the NumPy kernel, and the NumPy kernel against that rule."""
+    f = fpsim.as_format(fmt)
+    rng = np.random.default_rng(17)
+    ef = np.repeat(np.arange(255, dtype=np.uint32), 48)
+    man = rng.integers(0, 1 << 23, ef.size, dtype=np.uint32)
+    man[::48] = 0  # powers of two (exact below the min normal down to q; ties of nothing)
+    mag = (ef << np.uint32(23)) | man
+    bits = np.concatenate([mag, mag | np.uint32(0x80000000)])
+    ax = np.abs(bits.view(np.float32).astype(np.float64))
+    q = 2.0 ** (f.emin - f.mbits)
+    ulp = np.where(ax < 2.0**f.emin, q, np.exp2(np.floor(np.log2(np.maximum(ax, q))) - f.mbits))
+    v = ax / ulp  # exact: a power-of-two scaling
+    G = np.floor((v - np.floor(v)) * 2.0**32).astype(np.uint64)
+    start = (np.uint64(1 << 32) - G) & np.uint64(0xFFFFFFFF)
+    x = np.tile(bits, 3)
+    rand = np.concatenate([(start + np.uint64(dl)) & np.uint64(0xFFFFFFFF) for dl in (0xFFFFFFFF, 0, 1)]).astype(np.uint32)
+    pl = _plan(_F32, f, Rounding.SR, Overflow(overflow), True, None)
+    ref = np.asarray(_kernel(x, pl, None, rand))
+    # the NumPy kernel against the rule, on the finite results below the max
+    fin = np.tile((G != 0) & (ax < float(f.max)), 3)
+    got = np.abs(ref.view(np.float32).astype(np.float64))
+    want_up = (rand.astype(np.uint64) + np.tile(G, 3)) >= 1 << 32
+    axx = np.tile(ax, 3)
+    assert np.array_equal((got > axx)[fin], want_up[fin])
+    assert np.all((got[fin] < axx[fin]) | want_up[fin])
+    for loop in _sr_loops():
+        R._ckernel.sr_impl(loop)
+        try:
+            out = np.empty_like(x)
+            R._ckernel.round_bits(x, out, rand, _c_params(pl))
+        finally:
+            R._ckernel.sr_impl("auto")
+        bad = out != ref
+        assert not bad.any(), (loop, int(bad.sum()), [hex(int(b)) for b in x[bad][:4]])
+
+
+def test_sr_impl_switch_named() -> None:
+    with pytest.raises(ValueError, match="'auto', 'scalar', 'avx2'"):
+        R._ckernel.sr_impl("sse")
+    assert R._ckernel.sr_impl() in ("avx2", "scalar")
