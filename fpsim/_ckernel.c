@@ -398,11 +398,13 @@ static inline __attribute__((always_inline)) void spec32_sr_tiny(
     }
 }
 
-/* The same rule in AVX2 integer steps, eight elements at a time (n a multiple of 8): with d = d0 + max(tinyE -
- * max(ef, 1), 0) dropped bits, up to 23 the bit trick with that d ((u + (rand >> (32 - d))) & ~(2^d - 1):
- * the reference kernel's sum); beyond (|x| < q), F = floor(x/q * 2**32) = m << s or m >> -s (s = eff - 118 -
- * qexp <= 8, m the significand), up iff F + rand carries out of 32 bits. Variable shifts instead of the
- * float steps above: about half the instructions, and the |x| < q lanes only where a vector has one. */
+/* The same rule in AVX2 integer steps, eight elements at a time (n a multiple of 8), branch-free: with
+ * d = d0 + max(tinyE - max(ef, 1), 0) dropped bits, up to 23 the bit trick with that d ((u + (rand >> (32 - d)))
+ * & ~(2^d - 1): the reference kernel's sum); beyond (|x| < q), F = floor(x/q * 2**32) = (m << 8) >> (126 + qexp
+ * - eff) (m the significand; the count is at least 0 there), up iff F + rand carries out of 32 bits. Variable
+ * shifts instead of the float steps above: about half the instructions (a branch around the |x| < q lanes
+ * cost more in mispredictions than it saved on inputs that have some). Float32 subnormal inputs (ef = 0) get
+ * m's implicit bit too; they are shifted out entirely, as they must be (x/q < 2**-32), where qexp >= -93. */
 #if defined(__GNUC__) && defined(__x86_64__)
 #include <immintrin.h>
 #define HAVE_SR_AVX2 1
@@ -413,8 +415,8 @@ __attribute__((target("avx2"), noinline)) static void sr_tiny_avx2(
     const __m256i sign = _mm256_set1_epi32((int)0x80000000u), mag = _mm256_set1_epi32(0x7fffffff);
     const __m256i one = _mm256_set1_epi32(1), ones = _mm256_set1_epi32(-1), c32 = _mm256_set1_epi32(32);
     const __m256i vT = _mm256_set1_epi32(tinyE), vd0 = _mm256_set1_epi32(d0), zero = _mm256_setzero_si256();
-    const __m256i c23 = _mm256_set1_epi32(23), vs0 = _mm256_set1_epi32(118 + qexp);
-    const __m256i mm = _mm256_set1_epi32(0x7fffff), vq = _mm256_set1_epi32((int)qb);
+    const __m256i c23 = _mm256_set1_epi32(23), vs0 = _mm256_set1_epi32(126 + qexp);
+    const __m256i vq = _mm256_set1_epi32((int)qb);
     const __m256i vmax = _mm256_set1_epi32((int)maxb), vovf = _mm256_set1_epi32((int)ovfr);
     const __m256i inf = _mm256_set1_epi32(0x7f800000), nan = _mm256_set1_epi32(0x7fc00000);
     for (Py_ssize_t i = 0; i < n; i += 8) {
@@ -424,17 +426,12 @@ __attribute__((target("avx2"), noinline)) static void sr_tiny_avx2(
         __m256i d = _mm256_add_epi32(vd0, _mm256_max_epi32(_mm256_sub_epi32(vT, eff), zero));
         __m256i r = _mm256_add_epi32(u, _mm256_srlv_epi32(rw, _mm256_sub_epi32(c32, d)));
         r = _mm256_and_si256(r, _mm256_sllv_epi32(ones, d)); /* d >= 32 lanes: replaced below */
-        __m256i deep = _mm256_cmpgt_epi32(d, c23);
-        if (!_mm256_testz_si256(deep, deep)) {
-            /* m: the significand (the implicit bit where ef != 0); both shifts give 0 for counts of 32 up */
-            __m256i m = _mm256_or_si256(_mm256_and_si256(u, mm),
-                                        _mm256_andnot_si256(_mm256_cmpeq_epi32(ef, zero), _mm256_set1_epi32(0x800000)));
-            __m256i sh = _mm256_sub_epi32(eff, vs0);
-            __m256i F = _mm256_or_si256(_mm256_sllv_epi32(m, sh), _mm256_srlv_epi32(m, _mm256_sub_epi32(zero, sh)));
-            __m256i sum = _mm256_add_epi32(F, rw); /* carries iff sum < rw (F = 0: never) */
-            __m256i up = _mm256_andnot_si256(_mm256_cmpeq_epi32(_mm256_max_epu32(sum, rw), sum), vq);
-            r = _mm256_blendv_epi8(r, up, deep);
-        }
+        /* |x| < q: m << 8 (the significand, its implicit bit set: float32 subnormal inputs, ef = 0, are
+         * shifted out entirely, see the caller), F = m << 8 >> (8 - s) */
+        __m256i F = _mm256_srlv_epi32(_mm256_or_si256(_mm256_slli_epi32(u, 8), sign), _mm256_sub_epi32(vs0, eff));
+        __m256i sum = _mm256_add_epi32(F, rw); /* carries iff sum < rw (F = 0: never) */
+        __m256i up = _mm256_andnot_si256(_mm256_cmpeq_epi32(_mm256_max_epu32(sum, rw), sum), vq);
+        r = _mm256_blendv_epi8(r, up, _mm256_cmpgt_epi32(d, c23));
         /* beyond max: inf (or max when saturating); NaN inputs: NaN; the sign unless NaN */
         r = _mm256_blendv_epi8(r, vovf, _mm256_cmpgt_epi32(r, vmax));
         r = _mm256_blendv_epi8(r, nan, _mm256_cmpgt_epi32(u, inf));
@@ -474,7 +471,7 @@ CLONES __attribute__((noinline)) static void spec_##TAG(                        
         const uint32_t qb = (QB), ib = (uint32_t)(254u - ((QB) >> 23)) << 23; float Q, Qi;         \
         memcpy(&Q, &qb, 4); memcpy(&Qi, &ib, 4);                                                  \
         Py_ssize_t v = 0;                                                                         \
-        if (HAVE_SR_AVX2 && (sr_avx2 < 0 ? CPU_AVX2() : sr_avx2)) {                               \
+        if (HAVE_SR_AVX2 && (int)((QB) >> 23) - 127 >= -93 && (sr_avx2 < 0 ? CPU_AVX2() : sr_avx2)) { \
             v = n & ~(Py_ssize_t)7;                                                               \
             sr_tiny_avx2(in, out, v, rand, D0, TINYE, (int)((QB) >> 23) - 127, QB, MAXB,          \
                          (NSAT) ? (INFR) : (MAXB));                                               \
