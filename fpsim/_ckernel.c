@@ -400,8 +400,9 @@ static inline __attribute__((always_inline)) void spec32_sr_tiny(
 
 /* The same rule in AVX2 integer steps, eight elements at a time (n a multiple of 8), branch-free: with
  * d = d0 + max(tinyE - max(ef, 1), 0) dropped bits, up to 23 the bit trick with that d ((u + (rand >> (32 - d)))
- * & ~(2^d - 1): the reference kernel's sum); beyond (|x| < q), F = floor(x/q * 2**32) = (m << 8) >> (126 + qexp
- * - eff) (m the significand; the count is at least 0 there), up iff F + rand carries out of 32 bits. Variable
+ * & ~(2^d - 1): the reference kernel's sum, written with 32 - d); beyond (|x| < q), F = floor(x/q * 2**32) =
+ * (m << 8) >> (126 + qexp - eff) (m the significand; the count is at least 0 there), up iff F + rand carries
+ * out of 32 bits. Variable
  * shifts instead of the float steps above: about half the instructions (a branch around the |x| < q lanes
  * cost more in mispredictions than it saved on inputs that have some). Float32 subnormal inputs (ef = 0) get
  * m's implicit bit too; they are shifted out entirely, as they must be (x/q < 2**-32), where qexp >= -93. */
@@ -413,25 +414,25 @@ __attribute__((target("avx2"), noinline)) static void sr_tiny_avx2(
     const int qexp, const uint32_t qb, const uint32_t maxb, const uint32_t ovfr)
 {
     const __m256i sign = _mm256_set1_epi32((int)0x80000000u), mag = _mm256_set1_epi32(0x7fffffff);
-    const __m256i one = _mm256_set1_epi32(1), ones = _mm256_set1_epi32(-1), c32 = _mm256_set1_epi32(32);
-    const __m256i vT = _mm256_set1_epi32(tinyE), vd0 = _mm256_set1_epi32(d0), zero = _mm256_setzero_si256();
-    const __m256i c23 = _mm256_set1_epi32(23), vs0 = _mm256_set1_epi32(126 + qexp);
-    const __m256i vq = _mm256_set1_epi32((int)qb);
+    const __m256i ones = _mm256_set1_epi32(-1), c9 = _mm256_set1_epi32(9);
+    const __m256i vsh = _mm256_set1_epi32(32 - tinyE - d0), vshn = _mm256_set1_epi32(32 - d0);
+    const __m256i vs0 = _mm256_set1_epi32(126 + qexp), vq = _mm256_set1_epi32((int)qb);
     const __m256i vmax = _mm256_set1_epi32((int)maxb), vovf = _mm256_set1_epi32((int)ovfr);
     const __m256i inf = _mm256_set1_epi32(0x7f800000), nan = _mm256_set1_epi32(0x7fc00000);
     for (Py_ssize_t i = 0; i < n; i += 8) {
         __m256i b = _mm256_loadu_si256((const __m256i *)(in + i)), rw = _mm256_loadu_si256((const __m256i *)(rand + i));
         __m256i s = _mm256_and_si256(b, sign), u = _mm256_and_si256(b, mag);
-        __m256i ef = _mm256_srli_epi32(u, 23), eff = _mm256_max_epi32(ef, one);
-        __m256i d = _mm256_add_epi32(vd0, _mm256_max_epi32(_mm256_sub_epi32(vT, eff), zero));
-        __m256i r = _mm256_add_epi32(u, _mm256_srlv_epi32(rw, _mm256_sub_epi32(c32, d)));
-        r = _mm256_and_si256(r, _mm256_sllv_epi32(ones, d)); /* d >= 32 lanes: replaced below */
+        __m256i ef = _mm256_srli_epi32(u, 23);
+        /* sh = 32 - d, d = d0 + max(tinyE - ef, 0) (ef = 0 instead of 1: those lanes are |x| < q either way) */
+        __m256i sh = _mm256_min_epi32(_mm256_add_epi32(ef, vsh), vshn);
+        __m256i r = _mm256_add_epi32(u, _mm256_srlv_epi32(rw, sh));
+        r = _mm256_andnot_si256(_mm256_srlv_epi32(ones, sh), r); /* sh < 9 (d > 23) lanes: replaced below */
         /* |x| < q: m << 8 (the significand, its implicit bit set: float32 subnormal inputs, ef = 0, are
-         * shifted out entirely, see the caller), F = m << 8 >> (8 - s) */
-        __m256i F = _mm256_srlv_epi32(_mm256_or_si256(_mm256_slli_epi32(u, 8), sign), _mm256_sub_epi32(vs0, eff));
+         * shifted out entirely, see the caller), F = m << 8 >> (126 + qexp - ef) */
+        __m256i F = _mm256_srlv_epi32(_mm256_or_si256(_mm256_slli_epi32(u, 8), sign), _mm256_sub_epi32(vs0, ef));
         __m256i sum = _mm256_add_epi32(F, rw); /* carries iff sum < rw (F = 0: never) */
         __m256i up = _mm256_andnot_si256(_mm256_cmpeq_epi32(_mm256_max_epu32(sum, rw), sum), vq);
-        r = _mm256_blendv_epi8(r, up, _mm256_cmpgt_epi32(d, c23));
+        r = _mm256_blendv_epi8(r, up, _mm256_cmpgt_epi32(c9, sh));
         /* beyond max: inf (or max when saturating); NaN inputs: NaN; the sign unless NaN */
         r = _mm256_blendv_epi8(r, vovf, _mm256_cmpgt_epi32(r, vmax));
         r = _mm256_blendv_epi8(r, nan, _mm256_cmpgt_epi32(u, inf));
