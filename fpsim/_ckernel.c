@@ -402,10 +402,10 @@ static inline __attribute__((always_inline)) void spec32_sr_tiny(
  * d = d0 + max(tinyE - max(ef, 1), 0) dropped bits, up to 23 the bit trick with that d ((u + (rand >> (32 - d)))
  * & ~(2^d - 1): the reference kernel's sum, written with 32 - d); beyond (|x| < q), F = floor(x/q * 2**32) =
  * (m << 8) >> (126 + qexp - eff) (m the significand; the count is at least 0 there), up iff F + rand carries
- * out of 32 bits. Variable
- * shifts instead of the float steps above: about half the instructions (a branch around the |x| < q lanes
- * cost more in mispredictions than it saved on inputs that have some). Float32 subnormal inputs (ef = 0) get
- * m's implicit bit too; they are shifted out entirely, as they must be (x/q < 2**-32), where qexp >= -93. */
+ * out of 32 bits. Variable shifts instead of the float steps above: about half the instructions (a branch
+ * around the |x| < q lanes cost more in mispredictions than it saved on inputs that have some). Float32
+ * subnormal inputs (ef = 0) get m's implicit bit too; they are shifted out entirely, as they must be
+ * (x/q < 2**-32), where qexp >= -93. */
 #if defined(__GNUC__) && defined(__x86_64__)
 #include <immintrin.h>
 #define HAVE_SR_AVX2 1

@@ -314,7 +314,7 @@ def test_sr_carry_boundaries(fmt: str, overflow: str) -> None:
     rng = np.random.default_rng(17)
     ef = np.repeat(np.arange(255, dtype=np.uint32), 48)
     man = rng.integers(0, 1 << 23, ef.size, dtype=np.uint32)
-    man[::48] = 0  # powers of two (exact below the min normal down to q; ties of nothing)
+    man[::48] = 0  # a power of two in each binade
     mag = (ef << np.uint32(23)) | man
     bits = np.concatenate([mag, mag | np.uint32(0x80000000)])
     ax = np.abs(bits.view(np.float32).astype(np.float64))
