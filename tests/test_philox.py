@@ -14,6 +14,8 @@ import fpsim.rounding as R
 from fpsim.random import Philox, philox_words
 from fpsim.random import _rounds as philox_rounds
 
+from _loops import compiled_loops
+
 # Random123's kat_vectors (philox4x32 10): counter (4 words), key (2 words) -> the four output words.
 KAT = [
     ((0x00000000, 0x00000000, 0x00000000, 0x00000000), (0x00000000, 0x00000000),
@@ -37,16 +39,7 @@ def kernel_switches():
 
 def _loops() -> list[str]:
     """The compiled Philox loops this machine runs (the AVX2 one where the CPU has it)."""
-    if R._ckernel is None:
-        return []
-    loops = ["scalar"]
-    try:
-        R._ckernel.philox_impl("avx2")
-        loops.append("avx2")
-    except ValueError:
-        pass
-    R._ckernel.philox_impl("auto")
-    return loops
+    return [] if R._ckernel is None else compiled_loops(R._ckernel.philox_impl)
 
 
 @pytest.mark.parametrize("ctr,key,want", KAT)

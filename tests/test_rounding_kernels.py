@@ -9,6 +9,8 @@ import fpsim
 import fpsim.rounding as R
 from fpsim.rounding import _F32, _F64, Overflow, Rounding, _c_params, _kernel, _plan
 
+from _loops import compiled_loops
+
 pytestmark = pytest.mark.skipif(not R.use_c_kernel, reason="the C kernel is not built here")
 
 MODES = ["rne", "rna", "rtz", "rup", "rdn", "rto", "sr"]
@@ -291,18 +293,6 @@ def test_encoder_and_counts_threads_after_fork_in_a_child(monkeypatch: pytest.Mo
     assert in_forked_child(_child_encode) == want
 
 
-def _sr_loops() -> list[str]:
-    """The compiled loops of exact SR below the min normal this machine runs (the AVX2 one where it can)."""
-    loops = ["scalar"]
-    try:
-        R._ckernel.sr_impl("avx2")
-        loops.append("avx2")
-    except ValueError:
-        pass
-    R._ckernel.sr_impl("auto")
-    return loops
-
-
 @pytest.mark.parametrize("overflow", ["ieee", "saturate"])
 @pytest.mark.parametrize("fmt", ["fp16", "fp8_e4m3", "fp8_e5m2"])
 def test_sr_carry_boundaries(fmt: str, overflow: str) -> None:
@@ -334,7 +324,7 @@ def test_sr_carry_boundaries(fmt: str, overflow: str) -> None:
     axx = np.tile(ax, 3)
     assert np.array_equal((got > axx)[fin], want_up[fin])
     assert np.all((got[fin] < axx[fin]) | want_up[fin])
-    for loop in _sr_loops():
+    for loop in compiled_loops(R._ckernel.sr_impl):
         R._ckernel.sr_impl(loop)
         try:
             out = np.empty_like(x)
