@@ -419,6 +419,7 @@ __attribute__((target("avx2"), noinline)) static void sr_tiny_avx2(
     const __m256i vs0 = _mm256_set1_epi32(126 + qexp), vq = _mm256_set1_epi32((int)qb);
     const __m256i vmax = _mm256_set1_epi32((int)maxb), vovf = _mm256_set1_epi32((int)ovfr);
     const __m256i inf = _mm256_set1_epi32(0x7f800000), nan = _mm256_set1_epi32(0x7fc00000);
+    const int ovf_nan = ovfr > 0x7f800000u;
     for (Py_ssize_t i = 0; i < n; i += 8) {
         __m256i b = _mm256_loadu_si256((const __m256i *)(in + i)), rw = _mm256_loadu_si256((const __m256i *)(rand + i));
         __m256i s = _mm256_and_si256(b, sign), u = _mm256_and_si256(b, mag);
@@ -435,8 +436,12 @@ __attribute__((target("avx2"), noinline)) static void sr_tiny_avx2(
         r = _mm256_blendv_epi8(r, up, _mm256_cmpgt_epi32(c9, sh));
         /* beyond max: inf (or max when saturating); NaN inputs: NaN; the sign unless NaN */
         r = _mm256_blendv_epi8(r, vovf, _mm256_cmpgt_epi32(r, vmax));
-        r = _mm256_blendv_epi8(r, nan, _mm256_cmpgt_epi32(u, inf));
-        r = _mm256_or_si256(r, _mm256_andnot_si256(_mm256_cmpgt_epi32(r, inf), s));
+        if (ovf_nan) { /* overflow gives NaN (e4m3): its sign goes too */
+            r = _mm256_blendv_epi8(r, nan, _mm256_cmpgt_epi32(u, inf));
+            r = _mm256_or_si256(r, _mm256_andnot_si256(_mm256_cmpgt_epi32(r, inf), s));
+        } else { /* every result but a NaN input's is at most inf: the sign, then NaN inputs */
+            r = _mm256_blendv_epi8(_mm256_or_si256(r, s), nan, _mm256_cmpgt_epi32(u, inf));
+        }
         _mm256_storeu_si256((__m256i *)(out + i), r);
     }
 }
@@ -611,7 +616,6 @@ __attribute__((target("avx2"))) static void philox_blocks_avx2(uint32_t k0, uint
                                                                Py_ssize_t nb)
 {
     const __m256i M0 = _mm256_set1_epi64x(PHX_M0), M1 = _mm256_set1_epi64x(PHX_M1);
-    const __m256i lo32 = _mm256_set1_epi64x(0xffffffffLL);
     for (Py_ssize_t g = 0; g < nb; g += 8) {
         __m256i bA = _mm256_add_epi64(_mm256_set1_epi64x((long long)(b0 + (uint64_t)g)), _mm256_set_epi64x(3, 2, 1, 0));
         __m256i bB = _mm256_add_epi64(bA, _mm256_set1_epi64x(4));
@@ -631,10 +635,10 @@ __attribute__((target("avx2"))) static void philox_blocks_avx2(uint32_t k0, uint
             x0 += PHX_W0; x1 += PHX_W1;
         }
         /* lane l of (w0 | w1 << 32, w2 | w3 << 32) is block l's two halves: interleave the two into memory order */
-        __m256i A01 = _mm256_or_si256(_mm256_and_si256(a0, lo32), _mm256_slli_epi64(a1, 32));
-        __m256i A23 = _mm256_or_si256(_mm256_and_si256(a2, lo32), _mm256_slli_epi64(a3, 32));
-        __m256i E01 = _mm256_or_si256(_mm256_and_si256(e0, lo32), _mm256_slli_epi64(e1, 32));
-        __m256i E23 = _mm256_or_si256(_mm256_and_si256(e2, lo32), _mm256_slli_epi64(e3, 32));
+        __m256i A01 = _mm256_blend_epi32(a0, _mm256_slli_epi64(a1, 32), 0xaa);
+        __m256i A23 = _mm256_blend_epi32(a2, _mm256_slli_epi64(a3, 32), 0xaa);
+        __m256i E01 = _mm256_blend_epi32(e0, _mm256_slli_epi64(e1, 32), 0xaa);
+        __m256i E23 = _mm256_blend_epi32(e2, _mm256_slli_epi64(e3, 32), 0xaa);
         __m256i l = _mm256_unpacklo_epi64(A01, A23), h = _mm256_unpackhi_epi64(A01, A23);
         _mm256_storeu_si256((__m256i *)(out + 4 * g), _mm256_permute2x128_si256(l, h, 0x20));
         _mm256_storeu_si256((__m256i *)(out + 4 * g + 8), _mm256_permute2x128_si256(l, h, 0x31));
