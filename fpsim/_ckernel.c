@@ -401,7 +401,7 @@ static inline __attribute__((always_inline)) void spec32_sr_tiny(
 /* The same rule in AVX2 integer steps, eight elements at a time (n a multiple of 8), branch-free: with
  * d = d0 + max(tinyE - max(ef, 1), 0) dropped bits, up to 23 the bit trick with that d ((u + (rand >> (32 - d)))
  * & ~(2^d - 1): the reference kernel's sum, written with 32 - d); beyond (|x| < q), F = floor(x/q * 2**32) =
- * (m << 8) >> (126 + qexp - eff) (m the significand; the count is at least 0 there), up iff F + rand carries
+ * (m << 8) >> (126 + qexp - ef) (m the significand; the count is at least 0 there), up iff F + rand carries
  * out of 32 bits. Variable shifts instead of the float steps above: about half the instructions (a branch
  * around the |x| < q lanes cost more in mispredictions than it saved on inputs that have some). Float32
  * subnormal inputs (ef = 0) get m's implicit bit too; they are shifted out entirely, as they must be
@@ -458,7 +458,9 @@ static void sr_tiny_avx2(const uint32_t *in, uint32_t *out, Py_ssize_t n, const 
 #else
 #define CPU_AVX2() 0
 #endif
-static int sr_avx2 = -1; /* whether SR below the min normal takes sr_tiny_avx2 (-1: where the CPU has AVX2) */
+/* A loop switch (sr_avx2, phx_avx2): 1 the AVX2 loop, 0 the scalar one, -1 the AVX2 one where the CPU has it. */
+static inline int avx2_on(int flag) { return flag < 0 ? CPU_AVX2() : flag; }
+static int sr_avx2 = -1; /* whether SR below the min normal takes sr_tiny_avx2 */
 
 #define SPEC_FN(TAG, MODE_, D0, TINYE, MAXB, QB, HQB, INFR, NSAT)                                 \
 CLONES __attribute__((noinline)) static void spec_##TAG(                                          \
@@ -477,7 +479,7 @@ CLONES __attribute__((noinline)) static void spec_##TAG(                        
         const uint32_t qb = (QB), ib = (uint32_t)(254u - ((QB) >> 23)) << 23; float Q, Qi;         \
         memcpy(&Q, &qb, 4); memcpy(&Qi, &ib, 4);                                                  \
         Py_ssize_t v = 0;                                                                         \
-        if (HAVE_SR_AVX2 && (int)((QB) >> 23) - 127 >= -93 && (sr_avx2 < 0 ? CPU_AVX2() : sr_avx2)) { \
+        if (HAVE_SR_AVX2 && (int)((QB) >> 23) - 127 >= -93 && avx2_on(sr_avx2)) {                 \
             v = n & ~(Py_ssize_t)7;                                                               \
             sr_tiny_avx2(in, out, v, rand, D0, TINYE, (int)((QB) >> 23) - 127, QB, MAXB,          \
                          (NSAT) ? (INFR) : (MAXB));                                               \
@@ -651,7 +653,7 @@ __attribute__((target("avx2"))) static void philox_blocks_avx2(uint32_t k0, uint
 #define HAVE_PHX_AVX2 0
 #endif
 
-static int phx_avx2 = -1; /* whether this CPU runs the Philox AVX2 loop (decided once) */
+static int phx_avx2 = -1; /* whether Philox takes its AVX2 loop (see avx2_on) */
 
 /* The loop a switch selects: "scalar", "avx2" or "auto" (-1: where the CPU has AVX2); returns the one in use
  * (tests: each loop gives the reference's bits). */
@@ -680,7 +682,7 @@ static PyObject *impl_switch(PyObject *args, int *flag, int have, const char *na
             return NULL;
         }
     }
-    int on = have && (*flag < 0 ? CPU_AVX2() : *flag);
+    int on = have && avx2_on(*flag);
     return PyUnicode_FromString(on ? "avx2" : "scalar");
 }
 
@@ -700,7 +702,7 @@ static PyObject *sr_impl(PyObject *self, PyObject *args)
 static void philox_blocks(uint32_t k0, uint32_t k1, uint64_t b0, uint32_t *out, Py_ssize_t nb)
 {
 #if HAVE_PHX_AVX2
-    if (phx_avx2 < 0 ? __builtin_cpu_supports("avx2") : phx_avx2) {
+    if (avx2_on(phx_avx2)) {
         philox_blocks_avx2(k0, k1, b0, out, nb);
         return;
     }
