@@ -7,6 +7,7 @@ import pytest
 
 import fpsim
 import fpsim.rounding as R
+from fpsim.random import Philox
 from fpsim.rounding import _F32, _F64, Overflow, Rounding, _c_params, _kernel, _plan
 
 from _loops import compiled_loops
@@ -336,6 +337,28 @@ def test_sr_carry_boundaries(fmt: str, overflow: str) -> None:
 
 
 def test_sr_impl_switch_named() -> None:
+    before = R._ckernel.sr_impl()
     with pytest.raises(ValueError, match="'auto', 'scalar', 'avx2'"):
         R._ckernel.sr_impl("sse")
-    assert R._ckernel.sr_impl() in ("avx2", "scalar")
+    with pytest.raises(TypeError):
+        R._ckernel.sr_impl(1)
+    with pytest.raises(TypeError):
+        R._ckernel.sr_impl("avx2", "scalar")
+    assert R._ckernel.sr_impl() == before in ("avx2", "scalar")  # refused calls switch nothing
+
+
+@pytest.mark.parametrize("fmt", ["fp16", "fp8_e4m3", "fp8_e5m2"])
+def test_sr_below_min_normal_hostile_layouts(fmt: str) -> None:
+    """SR through the AVX2 loop (an odd length: a scalar tail too) with NaN, infinities, zeros and values far
+    below q: big-endian, strided and Fortran-order inputs give the bits of the native contiguous array; empty
+    arrays stay empty; the input is not modified."""
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(5003) * np.exp2(rng.integers(-30, 12, 5003))).astype(np.float32)
+    x[::97], x[1::89], x[2::83], x[3::79] = np.nan, np.inf, -np.inf, -0.0
+    keep = x.copy()
+    want = fpsim.round(x, fmt, "sr", rng=Philox(9)).view(np.uint32)
+    for arg in (x.astype(">f4"), np.repeat(x, 2)[::2], np.asfortranarray(np.stack([x, x]).T)[:, 0]):
+        got = np.asarray(fpsim.round(arg, fmt, "sr", rng=Philox(9)), np.float32)
+        assert np.array_equal(got.view(np.uint32), want)
+    assert np.array_equal(x.view(np.uint32), keep.view(np.uint32))
+    assert fpsim.round(np.empty(0, np.float32), fmt, "sr", rng=Philox(9)).shape == (0,)
