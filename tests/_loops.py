@@ -6,12 +6,14 @@ from typing import Callable
 
 
 def compiled_loops(switch: Callable[..., str]) -> list[str]:
-    """``["scalar"]``, and ``"avx2"`` where the build and the CPU have it; leaves the switch on ``"auto"``."""
+    """``["scalar"]``, then ``"avx2"`` and ``"avx512"`` where the switch has them and the CPU runs them;
+    leaves the switch on ``"auto"``."""
     loops = ["scalar"]
-    try:
-        switch("avx2")
-        loops.append("avx2")
-    except ValueError:
-        pass
+    for name in ("avx2", "avx512"):
+        try:
+            switch(name)
+            loops.append(name)
+        except ValueError:
+            pass
     switch("auto")
     return loops

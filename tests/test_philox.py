@@ -122,6 +122,25 @@ def test_loops_across_the_counter_carry(kernel_switches) -> None:
             assert np.array_equal(got, ref), (loop, start)
 
 
+@pytest.mark.skipif(R._ckernel is None, reason="the compiled kernel is not built")
+def test_loops_at_every_group_edge(kernel_switches) -> None:
+    """Every start word mod 160 and lengths around the loops' group sizes (8 blocks for AVX2, 8 and 32 for
+    AVX-512: 32, 128 words): each loop's partial groups and tails give the reference's bits."""
+    rng = np.random.default_rng(23)
+    lengths = sorted({1, 31, 32, 33, 127, 128, 129, 159, 160, 161, 2047, 2048, 2049, 4096 + 96 + 5})
+    for start in range(0, 160, 4):
+        n = lengths[start // 4 % len(lengths)]
+        x = rng.uniform(1, 2, n).astype(np.float32)  # 20 dropped bits of fp8: one word per element
+        R.use_c_kernel = False
+        ref = fpsim.round(x, "fp8_e4m3", rounding="sr", rng=Philox(31, position=start))
+        R.use_c_kernel = True
+        for loop in _loops():
+            R._ckernel.philox_impl(loop)
+            R.max_threads = 1
+            got = fpsim.round(x, "fp8_e4m3", rounding="sr", rng=Philox(31, position=start))
+            assert np.array_equal(got, ref), (loop, start, n)
+
+
 def test_calls_take_consecutive_words(kernel_switches) -> None:
     x = np.full(10, 1 + 2**-9, dtype=np.float32)
     p = Philox(5)
