@@ -1,10 +1,11 @@
-"""Benchmark: the compiled block-FMA GEMM's inner loops (issue 30): the integer loop against the AVX2 loop.
+"""Benchmark: the compiled block-FMA GEMM's inner loops (issue 30): the integer loop, the AVX2 and AVX-512 loops.
 
 Run:  python benchmarks/bench_gemm_loops.py [--size 512] [--repeat 7] [--old-so PATH] [--small]
 
 For h100 fp16->fp32, bf16->fp32, fp8_e4m3->fp32 and fp8_e5m2->fp32, one size^3 GEMM (N(0,1) inputs) through
-``fpsim.matmul`` with ``fpsim._cgemm.impl("scalar")`` (the integer reference loop) and ``impl("auto")``
-(the AVX2 loop where the CPU and the inputs allow it), on 1 thread and on the default threads; and
+``fpsim.matmul`` with ``fpsim._cgemm.impl("scalar")`` (the integer reference loop), ``impl("avx2")`` and
+``impl("avx512")`` (each where the CPU has it; ``"auto"``, the default, takes the widest), on 1 thread and on
+the default threads; and
 ``numpy.matmul`` in float64 at 1024^3 for scale. ``--old-so`` adds a third variant: another build of
 ``_cgemm`` (e.g. the previous commit's, built into a scratch folder), loaded under the same name.
 
@@ -51,7 +52,15 @@ def main() -> None:
     new = G._cgemm
     if new is None or not hasattr(new, "impl"):
         raise SystemExit("fpsim._cgemm is not built (or has no impl()): build it first")
-    variants: list[tuple[str, Any, str | None]] = [("integer loop", new, "scalar"), ("AVX2 loop", new, "auto")]
+    variants: list[tuple[str, Any, str | None]] = [("integer loop", new, "scalar")]
+    old = new.impl()
+    for label, loop in (("AVX2 loop", "avx2"), ("AVX-512 loop", "avx512")):
+        try:
+            new.impl(loop)
+            variants.append((label, new, loop))
+        except ValueError as e:
+            print(f"{label}: not run ({e})")
+    new.impl(old)
     if args.old_so:
         variants.insert(0, ("old .so", _load_so(args.old_so), None))
     n = args.size

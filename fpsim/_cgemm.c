@@ -24,13 +24,16 @@
  * <= 12 significant bits, are normal float32 values and span <= 111 binades per operand (operand_shift):
  * steps 1-4 in float32 lanes (each product exact, Q_i one scaling and one truncating conversion) on a packed
  * B, step 5 as a mask on the double's bits where the result is a normal number of the output format; every
- * lane, a last partial vector on zero-padded copies. The integer loop below is the reference beside it and
- * runs everything else (dot mode, other inputs, impl("scalar")).
+ * lane, a last partial vector on zero-padded copies. Where the CPU has AVX-512F, impl("auto") (or "avx512")
+ * runs the same steps 16 lanes per zmm instead (fused_group512; its last 8-lane and partial vectors through the
+ * AVX2 groups). The integer loop below is the reference beside them and runs everything else (dot mode,
+ * other inputs, impl("scalar")).
  *
  * Vectorised over outputs (the inner loops run over N, contiguous, in 32-bit lanes), tiled (one tile of
  * MT x NT outputs is chained over all of K with the k x NT block of B in L1), and threaded over tiles on
- * worker threads kept between calls (_cpool.h), the GIL released. Every output is computed by one thread from its own inputs only, so the
- * bits do not depend on the thread count.
+ * worker threads kept between calls (_cpool.h), which take tiles from a shared counter, the GIL released. Every
+ * output is computed by one thread from its own inputs only, so the bits do not depend on the thread count
+ * or on which thread took a tile.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -80,7 +83,9 @@ typedef struct {
     const prm_t *p;
     Py_ssize_t ntiles, tiles_n, tiles_batch; /* tiles in all, per row of tiles, per batch entry */
     int nthreads, tid;
+    Py_ssize_t *next; /* the next tile not yet taken (shared by the call's jobs) */
     int rowwise; /* dot mode: A is Kp x N like B (lane j pairs A[:, j] with B[:, j]); M = 1 */
+    int w512;    /* the float32 loop in AVX-512 (fused_avx512) rather than AVX2 */
 } job_t;
 
 static inline int bitlen64(uint64_t a) { return a ? 64 - __builtin_clzll(a) : 0; }
@@ -224,14 +229,23 @@ static inline __attribute__((always_inline)) void finish(const int32_t *emax, co
     }
 }
 
-/* Which pass 1-2 loop runs: 0 auto (AVX2 where the CPU has it), 1 scalar (the reference loop below, which the
- * compiler may still vectorise), 2 avx2 (refused where the CPU lacks it). Set by _cgemm.impl(). */
+/* Which pass 1-2 loop runs: 0 auto (the widest the CPU has), 1 scalar (the reference loop below, which the
+ * compiler may still vectorise), 2 avx2, 3 avx512 (each refused where the CPU lacks it). Set by _cgemm.impl(). */
 static int impl_mode = 0;
 
 static int have_avx2(void)
 {
 #if HAVE_AVX2_PATH
     return __builtin_cpu_supports("avx2");
+#else
+    return 0;
+#endif
+}
+
+static int have_avx512(void)
+{
+#if HAVE_AVX2_PATH
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #else
     return 0;
 #endif
@@ -680,6 +694,176 @@ __attribute__((target("avx2,fma"))) static int fused_avx2(const job_t *J, const 
         return fused_row(J, af, ea, q, nt, klen, cin, cout, cnf, 1);
     return fused_row(J, af, ea, q, nt, klen, cin, cout, cnf, 0);
 }
+
+/* fused_group in AVX-512 (issue 30, sixth pass), the same steps and bits: NZ (1 or 2) zmm vectors of 16 lanes,
+ * each one pair of pack_b's layout (its 16 float32 values are one load), so that passes 0, 2 and 3 take half the
+ * instructions of the AVX2 loop; pass 1 stays in int16 ymm lanes (16 outputs per instruction already). The
+ * addend exponents narrow with vpmovqd / vpmovsdw (saturating, as packs), which keep lane order. */
+__attribute__((target("avx512f,avx2,fma"), always_inline)) static inline int
+fused_group512(const prm_t *p, const float *af, const int32_t *ea, const float *q, int k, int kpk,
+               const double *cin, double *cout, double *cnf, const int NZ, const int RNE)
+{
+    const int cs = p->cs;
+    const int32_t floor_e = p->has_mel ? p->mel : ZERO_EXP * 4;
+    const Py_ssize_t hstep = (Py_ssize_t)kpk * 24; /* from one pair's packed B to the next's */
+    __m512i em[4], ac[4];
+    __m256i eh[4];
+    __m512 sc[4];
+    __m512d a0[4], a1[4];
+    int anys = 0;
+    /* pass 0: E_c, at least floor_e (see fused_group) */
+    {
+        const __m512i e11 = _mm512_set1_epi64(0x7ff);
+        const __m512i bias = _mm512_set1_epi32(1023), lofl = _mm512_set1_epi32(floor_e > -126 ? floor_e : -126);
+        const __m512i flo = _mm512_set1_epi32(floor_e), f11 = _mm512_set1_epi32(0x7ff);
+        __mmask16 spec = 0;
+        for (int z = 0; z < NZ; z++) {
+            __m512i b0 = _mm512_and_si512(_mm512_srli_epi64(_mm512_castpd_si512(_mm512_loadu_pd(cin + 16 * z)), 52), e11);
+            __m512i b1 = _mm512_and_si512(_mm512_srli_epi64(_mm512_castpd_si512(_mm512_loadu_pd(cin + 16 * z + 8)), 52), e11);
+            __m512i ef = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(b0)), _mm512_cvtepi64_epi32(b1), 1);
+            em[z] = _mm512_mask_blend_epi32(_mm512_cmpeq_epi32_mask(ef, _mm512_setzero_si512()),
+                                            _mm512_max_epi32(_mm512_sub_epi32(ef, bias), lofl), flo);
+            spec |= _mm512_cmpeq_epi32_mask(ef, f11);
+            eh[z] = _mm512_cvtsepi32_epi16(em[z]); /* int16 lanes in order (floor_e, -80000 saturate to -32768) */
+        }
+        if (spec) { /* rare: record the group's non-finite addends */
+            for (int j = 0; j < 16 * NZ; j++)
+                cnf[j] = isfinite(cin[j]) ? 0.0 : cin[j];
+            anys = 1;
+        }
+    }
+    /* pass 1: E_max = max(E_c or mel, ea + eb) */
+    {
+        const float *ql = q;
+#pragma GCC unroll 4
+        for (int l = 0; l < k; l++, ql += 24) {
+            const __m256i e = _mm256_set1_epi16((int16_t)ea[l]);
+            for (int z = 0; z < NZ; z++)
+                eh[z] = _mm256_max_epi16(eh[z],
+                                         _mm256_adds_epi16(e, _mm256_loadu_si256((const __m256i *)(ql + z * hstep))));
+        }
+    }
+    {
+        const __m512i sbias = _mm512_set1_epi32(127 + 23 + p->neab - p->fsh);
+        const __m512i smax = _mm512_set1_epi32(254), smin = _mm512_set1_epi32(1);
+        for (int z = 0; z < NZ; z++) {
+            em[z] = _mm512_cvtepi16_epi32(_mm256_max_epi16(eh[z], _mm256_set1_epi16(-900)));
+            __m512i f = _mm512_min_epi32(_mm512_max_epi32(_mm512_sub_epi32(sbias, em[z]), smin), smax);
+            sc[z] = _mm512_castsi512_ps(_mm512_slli_epi32(f, 23));
+            a0[z] = a1[z] = _mm512_setzero_pd();
+        }
+    }
+    /* pass 2: the truncated products, summed exactly (int32 chunks of cs, then doubles) */
+    for (int l0 = 0; l0 < k; l0 += cs) {
+        const int l1 = l0 + cs < k ? l0 + cs : k;
+        for (int z = 0; z < NZ; z++)
+            ac[z] = _mm512_setzero_si512();
+        const float *ql = q + (Py_ssize_t)l0 * 24 + 8;
+#pragma GCC unroll 4
+        for (int l = l0; l < l1; l++, ql += 24) {
+            const __m512 a = _mm512_set1_ps(af[l]);
+            for (int z = 0; z < NZ; z++) {
+                __m512 pr = _mm512_mul_ps(_mm512_mul_ps(a, _mm512_loadu_ps(ql + z * hstep)), sc[z]);
+                ac[z] = _mm512_add_epi32(ac[z], _mm512_cvttps_epi32(pr));
+            }
+        }
+        for (int z = 0; z < NZ; z++) {
+            a0[z] = _mm512_add_pd(a0[z], _mm512_cvtepi32_pd(_mm512_castsi512_si256(ac[z])));
+            a1[z] = _mm512_add_pd(a1[z], _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(ac[z], 1)));
+        }
+    }
+    /* pass 3: as fused_group's, eight lanes at a time */
+    {
+        const int drop = 52 - p->mb;
+        const __m256i sh0 = _mm256_set1_epi32(23 + p->neab);
+        const __m512i bias = _mm512_set1_epi64(1023), absm = _mm512_set1_epi64(0x7fffffffffffffffLL);
+        const __m512i keep = _mm512_set1_epi64((int64_t)(~((1ULL << drop) - 1)));
+        const __m512i halfm1 = _mm512_set1_epi64((int64_t)((1ULL << (drop - 1)) - 1)), one = _mm512_set1_epi64(1);
+        const __m512i bigm1 = _mm512_set1_epi64((int64_t)d2bits(pow2v(p->emax_out + 1)) - 1);
+        const __m512i small = _mm512_set1_epi64((int64_t)d2bits(pow2v(p->emin_out)) - 1);
+        int fast;
+        {
+            const int32_t lg = bitlen64((uint64_t)p->k);
+            const __m512i elo = _mm512_set1_epi32(p->emin_out + 23 + p->neab - 1);
+            const __m512i ehi = _mm512_set1_epi32(p->emax_out - 2 - lg);
+            fast = 1;
+            for (int z = 0; z < NZ; z++)
+                fast &= (_mm512_cmpgt_epi32_mask(em[z], elo) & _mm512_cmpgt_epi32_mask(ehi, em[z])) == 0xffff;
+        }
+#pragma GCC unroll 4
+        for (int z = 0; z < NZ; z++)
+#pragma GCC unroll 2
+            for (int hh = 0; hh < 2; hh++) {
+                const int j = 16 * z + 8 * hh;
+                __m256i e32 = hh ? _mm512_extracti64x4_epi64(em[z], 1) : _mm512_castsi512_si256(em[z]);
+                __m512i L = _mm512_cvtepi32_epi64(_mm256_sub_epi32(e32, sh0));
+                __m512d pL = _mm512_castsi512_pd(_mm512_slli_epi64(_mm512_add_epi64(L, bias), 52));
+                __m512d pnL = _mm512_castsi512_pd(_mm512_slli_epi64(_mm512_sub_epi64(bias, L), 52));
+                __m512d cf = _mm512_loadu_pd(cin + j);
+                __m512d acc = hh ? a1[z] : a0[z];
+                __m512d qc = _mm512_roundscale_pd(_mm512_mul_pd(cf, pnL), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+                __m512i yb = _mm512_castpd_si512(_mm512_mul_pd(_mm512_add_pd(acc, qc), pL));
+                __m512i rb = RNE ? _mm512_add_epi64(yb, _mm512_add_epi64(halfm1, _mm512_and_si512(_mm512_srli_epi64(yb, drop), one)))
+                                 : yb;
+                rb = _mm512_and_si512(rb, keep);
+                if (fast) {
+                    _mm512_storeu_pd(cout + j, _mm512_castsi512_pd(rb));
+                    continue;
+                }
+                __m512i ay = _mm512_and_si512(yb, absm);
+                __mmask8 ok = _mm512_cmpeq_epi64_mask(ay, _mm512_setzero_si512()) | _mm512_cmpgt_epi64_mask(ay, small);
+                ok &= (__mmask8)~_mm512_cmpgt_epi64_mask(_mm512_and_si512(rb, absm), bigm1);
+                if (__builtin_expect(ok == 0xff, 1)) {
+                    _mm512_storeu_pd(cout + j, _mm512_castsi512_pd(rb));
+                } else { /* rare: these lanes the general way, from the register values */
+                    int32_t et[8];
+                    double at[8], ct[8];
+                    _mm256_storeu_si256((__m256i *)et, e32);
+                    _mm512_storeu_pd(at, acc);
+                    _mm512_storeu_pd(ct, cf);
+                    finish_lanes(et, at, ct, cout + j, 8, p);
+                }
+            }
+    }
+    return anys;
+}
+
+/* fused_row with the AVX-512 groups: 32 and 16 lanes; a last 8-lane vector and a partial one as in fused_row. */
+__attribute__((target("avx512f,avx2,fma"), always_inline)) static inline int
+fused_row512(const job_t *J, const float *af, const int32_t *ea, const float *q, int nt, int klen,
+             const double *cin, double *cout, double *cnf, const int RNE)
+{
+    const int k = J->p->k;
+    const int nfull = nt / 8, rem = nt % 8;
+    const int nv = rem ? nfull & ~1 : nfull;
+    int v = 0, s = 0;
+    for (; v + 8 <= nv; v += 8)
+        s |= fused_group512(J->p, af, ea, q + (Py_ssize_t)(v / 2) * k * 24, klen, k, cin + 8 * v, cout + 8 * v,
+                            cnf + 8 * v, 4, RNE);
+    for (; v + 4 <= nv; v += 4)
+        s |= fused_group512(J->p, af, ea, q + (Py_ssize_t)(v / 2) * k * 24, klen, k, cin + 8 * v, cout + 8 * v,
+                            cnf + 8 * v, 2, RNE);
+    for (; v + 2 <= nv; v += 2)
+        s |= fused_group512(J->p, af, ea, q + (Py_ssize_t)(v / 2) * k * 24, klen, k, cin + 8 * v, cout + 8 * v,
+                            cnf + 8 * v, 1, RNE);
+    if (v < nt / 8 || rem) /* the rest: the AVX2 groups (one vector, or the partial vector's pair) */
+        s |= fused_row(J, af, ea, q + (Py_ssize_t)(v / 2) * k * 24, nt - 8 * v, klen, cin + 8 * v, cout + 8 * v,
+                       cnf + 8 * v, RNE);
+    return s;
+}
+
+__attribute__((target("avx512f,avx2,fma"))) static int fused_avx512(const job_t *J, const float *af,
+                                                                   const int32_t *ea, Py_ssize_t kl, Py_ssize_t j0,
+                                                                   int nt, int klen, const double *cin, double *cout,
+                                                                   double *cnf)
+{
+    const int k = J->p->k;
+    const Py_ssize_t npt = ((J->N + 7) / 8 + 1) / 2;
+    const float *q = J->bf + ((kl / k) * npt + j0 / 16) * (Py_ssize_t)k * 24;
+    if (J->p->rne)
+        return fused_row512(J, af, ea, q, nt, klen, cin, cout, cnf, 1);
+    return fused_row512(J, af, ea, q, nt, klen, cin, cout, cnf, 0);
+}
 #endif
 
 /* One block of k products for row i and lanes [j0, j0+nt): cout[j] := BFMA(products, addend cin[j]).
@@ -700,8 +884,9 @@ CLONES static int block_row(const job_t *J, Py_ssize_t i, Py_ssize_t j0, int nt,
     const int32_t *ma = J->ma + i * J->kr + kl;
     const int32_t *ea = J->ea + i * J->kr + kl;
 #if HAVE_AVX2_PATH
-    if (J->af) /* every lane in the fused AVX2 loop (k: klen here) */
-        return fused_avx2(J, J->af + i * J->kr + kl, ea, kl, j0, nt, k, cin, cout, cnf);
+    if (J->af) /* every lane in the fused float32 loop (k: klen here) */
+        return J->w512 ? fused_avx512(J, J->af + i * J->kr + kl, ea, kl, j0, nt, k, cin, cout, cnf)
+                       : fused_avx2(J, J->af + i * J->kr + kl, ea, kl, j0, nt, k, cin, cout, cnf);
 #endif
     /* pass 0: the addend's binary32 exponent (chain values are never double subnormals) */
     for (int j = 0; j < nt; j++) {
@@ -883,10 +1068,14 @@ static int clamp_threads(int n, Py_ssize_t ntiles)
     return n < 1 ? 1 : n;
 }
 
+/* Tiles from a shared counter, not a fixed share: a worker that starts late (woken from sleep, which on a
+ * virtual machine can take longer than a small GEMM) leaves its tiles to the threads already running, instead
+ * of making the call wait for it. Every tile's outputs come from its own inputs only: the bits never depend
+ * on which thread took it. */
 static void *worker(void *arg)
 {
     job_t *J = (job_t *)arg;
-    for (Py_ssize_t t = J->tid; t < J->ntiles; t += J->nthreads)
+    for (Py_ssize_t t; (t = __atomic_fetch_add(J->next, 1, __ATOMIC_RELAXED)) < J->ntiles;)
         run_tile(J, t);
     return NULL;
 }
@@ -909,26 +1098,32 @@ CLONES static void decompose(const double *x, Py_ssize_t n, int mbits, int emin,
 }
 
 static int use_avx2(void) { return impl_mode != 1 && have_avx2(); }
+static int use_avx512(void) { return impl_mode == 3 || (impl_mode == 0 && have_avx512()); }
 
 static PyObject *impl(PyObject *self, PyObject *args)
 {
     (void)self;
     const char *name = NULL;
-    static const char *names[] = {"auto", "scalar", "avx2"};
+    static const char *names[] = {"auto", "scalar", "avx2", "avx512"};
     if (!PyArg_ParseTuple(args, "|s", &name))
         return NULL;
     const char *was = names[impl_mode];
     if (name) {
         int m = -1;
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < 4; i++)
             if (!strcmp(name, names[i]))
                 m = i;
         if (m < 0) {
-            PyErr_Format(PyExc_ValueError, "impl: unknown loop %R; valid: 'auto', 'scalar', 'avx2'", PyTuple_GET_ITEM(args, 0));
+            PyErr_Format(PyExc_ValueError, "impl: unknown loop %R; valid: 'auto', 'scalar', 'avx2', 'avx512'",
+                         PyTuple_GET_ITEM(args, 0));
             return NULL;
         }
         if (m == 2 && !have_avx2()) {
             PyErr_SetString(PyExc_ValueError, "impl: 'avx2' needs an x86-64 CPU with AVX2 (this one has none)");
+            return NULL;
+        }
+        if (m == 3 && !have_avx512()) {
+            PyErr_SetString(PyExc_ValueError, "impl: 'avx512' needs an x86-64 CPU with AVX-512F (this one has none)");
             return NULL;
         }
         impl_mode = m;
@@ -1251,18 +1446,21 @@ static PyObject *bfma_gemm(PyObject *self, PyObject *args)
         base.fa = fa; base.fb = fb; base.D = (double *)D.buf;
         base.M = M; base.N = N; base.Kp = Kp; base.k0 = k0; base.kr = kr; base.nb = nb;
         base.MT = MT; base.NT = NT; base.p = &p; base.rowwise = rowwise;
+        base.w512 = af32 && use_avx512();
         Py_ssize_t tm = (M + MT - 1) / MT, tn = (N + NT - 1) / NT;
         base.tiles_n = tn;
         base.tiles_batch = tm * tn;
         base.ntiles = tm * tn * nbatch;
         nthreads = clamp_threads(nthreads, base.ntiles);
+        Py_ssize_t next_tile = 0;
+        base.next = &next_tile;
         job_t jobs[64];
         for (int t = 0; t < nthreads; t++) {
             jobs[t] = base;
             jobs[t].nthreads = nthreads;
             jobs[t].tid = t;
         }
-        /* job 0 here, the rest on the pool's workers; each job owns its tiles: the bits never depend on nthreads */
+        /* job 0 here, the rest on the pool's workers, each taking tiles until none is left (worker) */
         fpsim_pool_run(worker, jobs, sizeof jobs[0], nthreads);
     }
     fesetround(caller_mode);

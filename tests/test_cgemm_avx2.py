@@ -1,9 +1,11 @@
-"""The AVX2 loops of the compiled block-FMA GEMM (fpsim/_cgemm.c, issue 30) against the integer loop and NumPy.
+"""The AVX2 and AVX-512 loops of the compiled block-FMA GEMM (fpsim/_cgemm.c, issue 30) against the integer loop
+and NumPy.
 
-``_cgemm.impl("auto")`` runs the block sums in float32 AVX2 lanes on a packed B (inputs of at most 12
+``_cgemm.impl("avx2")`` runs the block sums in float32 AVX2 lanes on a packed B (inputs of at most 12
 significant bits with exponents in [-40, 40]; other inputs, and lanes past the last full 8-lane vector, take
-the integer loop), and rounds normal results with an AVX2 mask; ``_cgemm.impl("scalar")`` is the integer
-reference loop. Both must give the NumPy reference's bits (fpsim.mma._bfma) on every BFMA preset: K not a
+the integer loop), and rounds normal results with an AVX2 mask; ``_cgemm.impl("avx512")`` runs the same steps
+16 lanes at a time (its last 8-lane vector and partial vector through the AVX2 groups); ``"auto"`` picks the
+widest the CPU has; ``_cgemm.impl("scalar")`` is the integer reference loop. Each loop this machine has must give the NumPy reference's bits (fpsim.mma._bfma) on every BFMA preset: K not a
 multiple of the block, N with a tail past the last vector and over several 128-lane tiles, NaN/inf/subnormal
 operands, exponents across and beyond the alignment window, inputs outside the float32 loop's range,
 subnormal and overflowing outputs, batches, promotion, and 1 vs 2 threads.
@@ -26,12 +28,13 @@ pytestmark = pytest.mark.skipif(C is None or not hasattr(C, "impl"),
                                 reason="fpsim._cgemm (the compiled GEMM) is not built")
 
 
-def _has_avx2() -> bool:
+def _has(loop: str) -> bool:
+    """Whether ``_cgemm.impl`` runs this loop here (the build has it and the CPU has its instructions)."""
     if C is None or not hasattr(C, "impl"):
         return False
     old = C.impl()
     try:
-        C.impl("avx2")
+        C.impl(loop)
     except ValueError:
         return False
     finally:
@@ -39,7 +42,10 @@ def _has_avx2() -> bool:
     return True
 
 
-HAS_AVX2 = _has_avx2()
+HAS_AVX2 = _has("avx2")
+HAS_AVX512 = _has("avx512")
+#: the loops each test runs: the integer reference, then every float32 loop this machine has
+LOOPS = ("scalar",) + (("avx2",) if HAS_AVX2 else ()) + (("avx512",) if HAS_AVX512 else ())
 
 
 from test_cgemm import IDS, PRESETS  # every BFMA preset, as tests/test_cgemm.py runs them  # noqa: E402
@@ -56,7 +62,7 @@ def _runs(fn: Callable[[], Any]) -> Iterator[tuple[str, np.ndarray]]:
     old_impl, old_threads, old_c = C.impl(), rounding.max_threads, G.use_c_gemm
     try:
         G.use_c_gemm = True
-        for mode in (("scalar", "auto") if HAS_AVX2 else ("scalar",)):
+        for mode in LOOPS:
             C.impl(mode)
             for th in (1, 2):
                 rounding.max_threads = th
@@ -173,18 +179,21 @@ def test_large_tile_grid_threads() -> None:
 
 def test_impl_switch() -> None:
     old = C.impl()
-    assert old in ("auto", "scalar", "avx2")
+    assert old in ("auto", "scalar", "avx2", "avx512")
     try:
         assert C.impl("scalar") == old
         assert C.impl() == "scalar"
-        with pytest.raises(ValueError, match="'auto', 'scalar', 'avx2'"):
+        with pytest.raises(ValueError, match="'auto', 'scalar', 'avx2', 'avx512'"):
             C.impl("sse")
         assert C.impl() == "scalar"  # a refused name changes nothing
-        if HAS_AVX2:
-            assert C.impl("avx2") == "scalar"
-        else:
-            with pytest.raises(ValueError, match="AVX2"):
-                C.impl("avx2")
+        for loop, has, cpu in (("avx2", HAS_AVX2, "AVX2"), ("avx512", HAS_AVX512, "AVX-512F")):
+            if has:
+                assert C.impl(loop) == "scalar"
+                assert C.impl("scalar") == loop
+            else:
+                with pytest.raises(ValueError, match=cpu):
+                    C.impl(loop)
+                assert C.impl() == "scalar"
     finally:
         C.impl(old)
     assert C.impl() == old
