@@ -674,7 +674,9 @@ def test_torch_vector_norm(n: int) -> None:
 def _mpfr_fma_chain(order: str) -> Callable[[np.ndarray, np.ndarray], float]:
     """A hand-built float32 dot: a chain of fused multiply-adds, each rounded once by MPFR (24 bits, the
     float32 exponent range), independent of fpsim. order "forward": s = fma(a[k], b[k], s) from k = 0;
-    "pairs": two fma chains over the even and odd terms, added at the end."""
+    "pairs": two fma chains over the even and odd terms, added at the end; "fold": four lanes, lane j first
+    the sum of the products j and j + 4 each rounded on its own (as OpenBLAS's AVX-512 sdot folds its 16-lane
+    accumulators after one step), then fma chains over j + 8, j + 12, ..., the lanes added in turn."""
     gmpy2 = pytest.importorskip("gmpy2")
 
     def ctx() -> Any:
@@ -692,9 +694,34 @@ def _mpfr_fma_chain(order: str) -> Callable[[np.ndarray, np.ndarray], float]:
         if order == "forward":
             return float(chain(a, b, range(n)))
         with ctx():
+            if order == "fold":
+                lanes = []
+                for j in range(4):
+                    s = gmpy2.mpfr(float(a[j])) * float(b[j]) + gmpy2.mpfr(float(a[j + 4])) * float(b[j + 4])
+                    for k in range(j + 8, n, 4):
+                        s = gmpy2.fma(gmpy2.mpfr(float(a[k])), gmpy2.mpfr(float(b[k])), s)
+                    lanes.append(s)
+                return float(((lanes[0] + lanes[1]) + lanes[2]) + lanes[3])
             return float(chain(a, b, range(0, n, 2)) + chain(a, b, range(1, n, 2)))
 
     return dot
+
+
+@pytest.mark.parametrize("n", [8, 24, 30])
+def test_folded_lanes_of_two_rounded_products(n: int) -> None:
+    """Lanes that start as the sum of two products each rounded on its own, then fuse the next products
+    (MPFR, independent of fpsim): the reveal annotates those four nodes as unfused and the tree replays
+    2,000 random pairs bit for bit (the plain fused tree does not: the fold's products would be fused)."""
+    fold = _mpfr_fma_chain("fold")
+    tree = reveal_dot_order(fold, n, np.float32, fused=True)
+    assert tree.describe().endswith("unfused: 4 nodes within x[0:8]"), tree.describe()
+    g = np.random.default_rng(8)
+    a = _random_inputs(n, 2000, np.dtype(np.float32), g)
+    b = _random_inputs(n, 2000, np.dtype(np.float32), g)[::-1].copy()
+    got = np.array([fold(u, v) for u, v in zip(a, b)])
+    assert int((~_same_bits(got, fpsim.dot(a, b, "fp32", order=tree, fused=True))).sum()) == 0
+    plain = SumTree(tree.root)
+    assert int((~_same_bits(got, fpsim.dot(a, b, "fp32", order=plain, fused=True))).sum()) > 0
 
 
 @pytest.mark.parametrize("n", [3, 16, 33])

@@ -379,6 +379,13 @@ def _groups(tree: SumTree) -> list[Callable[[int, int, int], bool]]:
     return [lambda lo, hi, c: hi < m, lambda lo, hi, c: lo >= m, lambda lo, hi, c: lo < m <= hi]
 
 
+def _pairs(lo: int, hi: int, c: int) -> bool:
+    """The nodes that add two terms: in a dot, two products each rounded on its own where a vector kernel
+    adds the lanes of an accumulator that took one product each (OpenBLAS's AVX-512 sdot folds its zmm
+    accumulators after one step when 64 <= n < 128) before the next products are fused into them."""
+    return c == 2
+
+
 def _fit(tree: SumTree, got: np.ndarray, replay: Callable[[SumTree, slice], np.ndarray], fmt: str,
          dot: bool) -> tuple[SumTree | None, int, np.ndarray]:
     """The plain tree if its replay reproduces ``got``; else the simplest annotation of its node groups
@@ -391,7 +398,11 @@ def _fit(tree: SumTree, got: np.ndarray, replay: Callable[[SumTree, slice], np.n
     wider = {"fp16": ["fp32", "fp64"], "fp32": ["fp64"]}.get(fmt, [])  # partial sums wider than the inputs
     choices: list[tuple[str | None, bool | None]] = [(a, f) for a in [None, *wider]
                                                      for f in ([None, False] if dot else [None])]
-    cands = list(itertools.product(choices, repeat=len(groups)))
+    per_group = [choices] * len(groups)
+    if dot:  # and, inside any of them, the nodes adding two products: fused or not
+        groups = [*groups, _pairs]
+        per_group = [*per_group, [(None, None), (None, False)]]
+    cands = list(itertools.product(*per_group))
     cands.sort(key=lambda c: sum((a is not None) + (f is not None) for a, f in c))
     quick = slice(0, min(8, got.size))
     for cand in cands[1:]:
@@ -435,7 +446,7 @@ def _verify(tree: SumTree, got: np.ndarray, replay: Callable[[SumTree, slice], n
         f"{what} is not a fixed summation tree in {dt.name}: the tree its counts reveal ({tree.describe()}) "
         f"replayed differs from it on {nbad} of {got.size} random inputs (first: it gave {got[k]!r}, the "
         f"replay {plain[k]!r}), also with partial sums in fp64 or products unfused in the prefix kernel, "
-        f"the remainder or the join. It may order the terms by value, or truncate inside fused multi-term "
+        f"the remainder, the join or the sums of two products. It may order the terms by value, or truncate inside fused multi-term "
         f"adders; pass verify=0 to get the tree anyway")
 
 
