@@ -403,7 +403,9 @@ def _fit(tree: SumTree, got: np.ndarray, replay: Callable[[SumTree, slice], np.n
         groups = [*groups, _pairs]
         per_group = [*per_group, [(None, None), (None, False)]]
     cands = list(itertools.product(*per_group))
-    cands.sort(key=lambda c: sum((a is not None) + (f is not None) for a, f in c))
+    # the simplest first; the two-product nodes only where nothing else fits (they are a rarer kernel shape,
+    # and where a plainer annotation also fits they would hide it)
+    cands.sort(key=lambda c: (dot and c[-1][1] is not None, sum((a is not None) + (f is not None) for a, f in c)))
     quick = slice(0, min(8, got.size))
     for cand in cands[1:]:
         t = tree
