@@ -25,6 +25,7 @@ import pytest
 
 from fpsim import _blas
 from fpsim.train import TrainConfig, Trainer
+from fpsim.mma.gemm import _cgemm as G_C
 from fpsim.train._threads import blas_threads, limit_blas_threads
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,6 +109,77 @@ def test_thread_count_from_the_environment_changes_no_bit(tmp_path: Path) -> Non
     for pol in POLICIES:
         assert one[pol] == two[pol], f"{pol}: weights differ between 1 and 2 BLAS threads"
         assert one[pol + ".resumed"] == one[pol], f"{pol}: saved at 2 threads, resumed at 1 != uninterrupted"
+
+
+_KERNEL_CHILD = r"""
+import hashlib, json, sys
+import numpy as np
+import fpsim.mma.gemm as G
+from fpsim.train import TrainConfig, Trainer
+from fpsim.train.bitexact import bit_exact_policy
+
+if sys.argv[1] != "auto":
+    G._cgemm.impl(sys.argv[1])
+cfg = TrainConfig(steps=6, eval_every=0, telemetry_every=0)
+out = {}
+for pol in ("fp32", "bf16-mixed", "fp16-mixed"):
+    tr = Trainer(pol if pol == "fp32" else bit_exact_policy(pol, "h100"), cfg)
+    tr.run(progress=False)
+    h = hashlib.sha256()
+    for k in sorted(tr.store.weights):
+        h.update(k.encode()); h.update(np.ascontiguousarray(tr.store.weights[k]).tobytes())
+    out[pol] = h.hexdigest()
+print(json.dumps(out))
+"""
+
+
+def _narrow_cpu_env() -> dict[str, str]:
+    """The environment of an AVX2 machine on this one, where it has wider kernels: OpenBLAS's Haswell kernels
+    (OPENBLAS_CORETYPE, read by its DYNAMIC_ARCH builds such as NumPy's wheels) and NumPy's loops without its
+    AVX-512 targets (NPY_DISABLE_CPU_FEATURES, only the features this NumPy reports available)."""
+    env = {"OPENBLAS_CORETYPE": "Haswell"}
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as feats  # NumPy 2
+    except ImportError:  # pragma: no cover - NumPy 1.x
+        from numpy.core._multiarray_umath import __cpu_features__ as feats
+    wide = [f for f, on in feats.items() if on and f.startswith("AVX512")]
+    if wide:
+        env["NPY_DISABLE_CPU_FEATURES"] = " ".join(wide)
+    return env
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(G_C is None, reason="fpsim._cgemm (the compiled GEMM) is not built")
+def test_bit_exact_policies_give_the_same_bits_on_any_cpu_kernels() -> None:
+    """gemm='h100' trains to the same weights with the widest kernels this machine has and with an AVX2
+    machine's (OpenBLAS's Haswell kernels, NumPy without AVX-512, fpsim's AVX2 GEMM loop): the GEMMs are
+    fpsim's own, whose bits do not depend on the vector width. The fp32 fast path goes through the CPU's
+    BLAS kernel, whose summation order may differ between the two (it does on a Zen 4: OpenBLAS's SkylakeX
+    sgemm against its Haswell one), so its weights are not compared."""
+    base = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    runs = {}
+    for name, extra, loop in (("widest", {}, "auto"), ("avx2-like", _narrow_cpu_env(), "avx2")):
+        if loop == "avx2" and "avx2" not in _gemm_loops():
+            loop = "auto"
+        r = subprocess.run([sys.executable, "-c", _KERNEL_CHILD, loop], env={**base, **extra},
+                           capture_output=True, text=True, timeout=600, check=False)
+        assert r.returncode == 0, r.stderr
+        runs[name] = json.loads(r.stdout.strip().splitlines()[-1])
+    for pol in ("bf16-mixed", "fp16-mixed"):
+        assert runs["widest"][pol] == runs["avx2-like"][pol], f"{pol}@h100: weights differ between CPU kernels"
+
+
+def _gemm_loops() -> list[str]:
+    old = G_C.impl()
+    loops = []
+    for name in ("avx2", "avx512"):
+        try:
+            G_C.impl(name)
+            loops.append(name)
+        except ValueError:
+            pass
+    G_C.impl(old)
+    return loops
 
 
 # ----------------------------------------------------------------------------- in process
