@@ -681,15 +681,20 @@ fused_row(const job_t *J, const float *af, const int32_t *ea, const float *q, in
     return s;
 }
 
-/* Lanes [j0, j0 + nt) (j0 a multiple of 16) of row i, the block of klen products at kl (a multiple of k),
- * all passes (fused_group). Returns whether an addend was non-finite (cnf as fused_group). */
-__attribute__((target("avx2,fma"))) static int fused_avx2(const job_t *J, const float *af, const int32_t *ea,
-                                                         Py_ssize_t kl, Py_ssize_t j0, int nt, int klen,
-                                                         const double *cin, double *cout, double *cnf)
+/* The packed B (pack_b) of the block of products at kl (a multiple of k), from lane j0 (a multiple of 16) on. */
+static inline const float *packed_block(const job_t *J, Py_ssize_t kl, Py_ssize_t j0)
 {
     const int k = J->p->k;
-    const Py_ssize_t npt = ((J->N + 7) / 8 + 1) / 2;
-    const float *q = J->bf + ((kl / k) * npt + j0 / 16) * (Py_ssize_t)k * 24;
+    const Py_ssize_t npt = ((J->N + 7) / 8 + 1) / 2; /* pairs of 8-lane vectors per row of blocks */
+    return J->bf + ((kl / k) * npt + j0 / 16) * (Py_ssize_t)k * 24;
+}
+
+/* Lanes [j0, j0 + nt) of row i, the block of klen products whose packed B is q (packed_block), all passes
+ * (fused_group). Returns whether an addend was non-finite (cnf as fused_group). */
+__attribute__((target("avx2,fma"))) static int fused_avx2(const job_t *J, const float *af, const int32_t *ea,
+                                                         const float *q, int nt, int klen, const double *cin,
+                                                         double *cout, double *cnf)
+{
     if (J->p->rne)
         return fused_row(J, af, ea, q, nt, klen, cin, cout, cnf, 1);
     return fused_row(J, af, ea, q, nt, klen, cin, cout, cnf, 0);
@@ -852,14 +857,12 @@ fused_row512(const job_t *J, const float *af, const int32_t *ea, const float *q,
     return s;
 }
 
+/* fused_avx2 with the AVX-512 groups (fused_row512) */
 __attribute__((target("avx512f,avx2,fma"))) static int fused_avx512(const job_t *J, const float *af,
-                                                                   const int32_t *ea, Py_ssize_t kl, Py_ssize_t j0,
-                                                                   int nt, int klen, const double *cin, double *cout,
+                                                                   const int32_t *ea, const float *q, int nt,
+                                                                   int klen, const double *cin, double *cout,
                                                                    double *cnf)
 {
-    const int k = J->p->k;
-    const Py_ssize_t npt = ((J->N + 7) / 8 + 1) / 2;
-    const float *q = J->bf + ((kl / k) * npt + j0 / 16) * (Py_ssize_t)k * 24;
     if (J->p->rne)
         return fused_row512(J, af, ea, q, nt, klen, cin, cout, cnf, 1);
     return fused_row512(J, af, ea, q, nt, klen, cin, cout, cnf, 0);
@@ -884,9 +887,11 @@ CLONES static int block_row(const job_t *J, Py_ssize_t i, Py_ssize_t j0, int nt,
     const int32_t *ma = J->ma + i * J->kr + kl;
     const int32_t *ea = J->ea + i * J->kr + kl;
 #if HAVE_AVX2_PATH
-    if (J->af) /* every lane in the fused float32 loop (k: klen here) */
-        return J->w512 ? fused_avx512(J, J->af + i * J->kr + kl, ea, kl, j0, nt, k, cin, cout, cnf)
-                       : fused_avx2(J, J->af + i * J->kr + kl, ea, kl, j0, nt, k, cin, cout, cnf);
+    if (J->af) { /* every lane in the fused float32 loop (k: klen here) */
+        const float *af = J->af + i * J->kr + kl, *q = packed_block(J, kl, j0);
+        return J->w512 ? fused_avx512(J, af, ea, q, nt, k, cin, cout, cnf)
+                       : fused_avx2(J, af, ea, q, nt, k, cin, cout, cnf);
+    }
 #endif
     /* pass 0: the addend's binary32 exponent (chain values are never double subnormals) */
     for (int j = 0; j < nt; j++) {
