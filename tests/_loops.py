@@ -1,4 +1,5 @@
-"""The compiled loops a `_ckernel` switch (``philox_impl``, ``sr_impl``) can select on this machine."""
+"""The compiled loops a switch (``_ckernel.philox_impl``, ``_ckernel.sr_impl``, ``_cgemm.impl``) can select on this
+machine."""
 
 from __future__ import annotations
 

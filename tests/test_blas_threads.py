@@ -28,6 +28,8 @@ from fpsim.train import TrainConfig, Trainer
 from fpsim.mma.gemm import _cgemm as G_C
 from fpsim.train._threads import blas_threads, limit_blas_threads
 
+from _loops import compiled_loops
+
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ("fp32", "bf16-mixed", "fp16-mixed")
 
@@ -159,7 +161,7 @@ def test_bit_exact_policies_give_the_same_bits_on_any_cpu_kernels() -> None:
     base = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     runs = {}
     for name, extra, loop in (("widest", {}, "auto"), ("avx2-like", _narrow_cpu_env(), "avx2")):
-        if loop == "avx2" and "avx2" not in _gemm_loops():
+        if loop == "avx2" and "avx2" not in compiled_loops(G_C.impl):
             loop = "auto"
         r = subprocess.run([sys.executable, "-c", _KERNEL_CHILD, loop], env={**base, **extra},
                            capture_output=True, text=True, timeout=600, check=False)
@@ -167,19 +169,6 @@ def test_bit_exact_policies_give_the_same_bits_on_any_cpu_kernels() -> None:
         runs[name] = json.loads(r.stdout.strip().splitlines()[-1])
     for pol in ("bf16-mixed", "fp16-mixed"):
         assert runs["widest"][pol] == runs["avx2-like"][pol], f"{pol}@h100: weights differ between CPU kernels"
-
-
-def _gemm_loops() -> list[str]:
-    old = G_C.impl()
-    loops = []
-    for name in ("avx2", "avx512"):
-        try:
-            G_C.impl(name)
-            loops.append(name)
-        except ValueError:
-            pass
-    G_C.impl(old)
-    return loops
 
 
 # ----------------------------------------------------------------------------- in process

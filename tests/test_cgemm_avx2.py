@@ -23,29 +23,16 @@ from fpsim import rounding
 from fpsim.mma import gemm as G
 from fpsim.mma import get_model
 
+from _loops import compiled_loops
+
 C = G._cgemm
 pytestmark = pytest.mark.skipif(C is None or not hasattr(C, "impl"),
                                 reason="fpsim._cgemm (the compiled GEMM) is not built")
 
 
-def _has(loop: str) -> bool:
-    """Whether ``_cgemm.impl`` runs this loop here (the build has it and the CPU has its instructions)."""
-    if C is None or not hasattr(C, "impl"):
-        return False
-    old = C.impl()
-    try:
-        C.impl(loop)
-    except ValueError:
-        return False
-    finally:
-        C.impl(old)
-    return True
-
-
-HAS_AVX2 = _has("avx2")
-HAS_AVX512 = _has("avx512")
 #: the loops each test runs: the integer reference, then every float32 loop this machine has
-LOOPS = ("scalar",) + (("avx2",) if HAS_AVX2 else ()) + (("avx512",) if HAS_AVX512 else ())
+LOOPS = tuple(compiled_loops(C.impl)) if C is not None and hasattr(C, "impl") else ("scalar",)
+HAS_AVX2, HAS_AVX512 = "avx2" in LOOPS, "avx512" in LOOPS
 
 
 from test_cgemm import IDS, PRESETS  # every BFMA preset, as tests/test_cgemm.py runs them  # noqa: E402

@@ -123,6 +123,25 @@ def test_loops_across_the_counter_carry(kernel_switches) -> None:
 
 
 @pytest.mark.skipif(R._ckernel is None, reason="the compiled kernel is not built")
+def test_philox_impl_refusals_switch_nothing(kernel_switches) -> None:
+    """philox_impl lists its loops by name, refuses non-strings and extra arguments, and refuses a loop the CPU
+    lacks with the reason; a refused call leaves the loop in use as it was."""
+    before = R._ckernel.philox_impl()
+    with pytest.raises(ValueError, match="sse is not one of 'auto', 'scalar'") as err:
+        R._ckernel.philox_impl("sse")
+    assert all(f"'{loop}'" in str(err.value) for loop in _loops())
+    with pytest.raises(TypeError):
+        R._ckernel.philox_impl(2)
+    with pytest.raises(TypeError):
+        R._ckernel.philox_impl("avx2", "scalar")
+    for loop, cpu in (("avx2", "AVX2"), ("avx512", "AVX-512F")):
+        if loop not in _loops():
+            with pytest.raises(ValueError, match=cpu):
+                R._ckernel.philox_impl(loop)
+    assert R._ckernel.philox_impl() == before == _loops()[-1]  # auto: the widest loop this machine runs
+
+
+@pytest.mark.skipif(R._ckernel is None, reason="the compiled kernel is not built")
 def test_loops_at_every_group_edge(kernel_switches) -> None:
     """Every start word mod 160 and lengths around the loops' group sizes (8 blocks for AVX2, 8 and 32 for
     AVX-512: 32, 128 words): each loop's partial groups and tails give the reference's bits."""
