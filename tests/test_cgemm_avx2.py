@@ -172,6 +172,8 @@ def test_impl_switch() -> None:
         assert C.impl() == "scalar"
         with pytest.raises(ValueError, match="'auto', 'scalar', 'avx2', 'avx512'"):
             C.impl("sse")
+        with pytest.raises(TypeError):
+            C.impl(3)
         assert C.impl() == "scalar"  # a refused name changes nothing
         for loop, has, cpu in (("avx2", HAS_AVX2, "AVX2"), ("avx512", HAS_AVX512, "AVX-512F")):
             if has:
