@@ -723,9 +723,12 @@ fused_group512(const prm_t *p, const float *af, const int32_t *ea, const float *
         const __m512i flo = _mm512_set1_epi32(floor_e), f11 = _mm512_set1_epi32(0x7ff);
         __mmask16 spec = 0;
         for (int z = 0; z < NZ; z++) {
-            __m512i b0 = _mm512_and_si512(_mm512_srli_epi64(_mm512_castpd_si512(_mm512_loadu_pd(cin + 16 * z)), 52), e11);
-            __m512i b1 = _mm512_and_si512(_mm512_srli_epi64(_mm512_castpd_si512(_mm512_loadu_pd(cin + 16 * z + 8)), 52), e11);
-            __m512i ef = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(b0)), _mm512_cvtepi64_epi32(b1), 1);
+            __m512i b0 = _mm512_castpd_si512(_mm512_loadu_pd(cin + 16 * z));
+            __m512i b1 = _mm512_castpd_si512(_mm512_loadu_pd(cin + 16 * z + 8));
+            b0 = _mm512_and_si512(_mm512_srli_epi64(b0, 52), e11); /* the exponent fields */
+            b1 = _mm512_and_si512(_mm512_srli_epi64(b1, 52), e11);
+            __m512i ef = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(b0)),
+                                            _mm512_cvtepi64_epi32(b1), 1);
             em[z] = _mm512_mask_blend_epi32(_mm512_cmpeq_epi32_mask(ef, _mm512_setzero_si512()),
                                             _mm512_max_epi32(_mm512_sub_epi32(ef, bias), lofl), flo);
             spec |= _mm512_cmpeq_epi32_mask(ef, f11);
@@ -808,8 +811,10 @@ fused_group512(const prm_t *p, const float *af, const int32_t *ea, const float *
                 __m512d acc = hh ? a1[z] : a0[z];
                 __m512d qc = _mm512_roundscale_pd(_mm512_mul_pd(cf, pnL), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
                 __m512i yb = _mm512_castpd_si512(_mm512_mul_pd(_mm512_add_pd(acc, qc), pL));
-                __m512i rb = RNE ? _mm512_add_epi64(yb, _mm512_add_epi64(halfm1, _mm512_and_si512(_mm512_srli_epi64(yb, drop), one)))
-                                 : yb;
+                __m512i rb = yb;
+                if (RNE)
+                    rb = _mm512_add_epi64(yb, _mm512_add_epi64(halfm1,
+                                                               _mm512_and_si512(_mm512_srli_epi64(yb, drop), one)));
                 rb = _mm512_and_si512(rb, keep);
                 if (fast) {
                     _mm512_storeu_pd(cout + j, _mm512_castsi512_pd(rb));

@@ -669,7 +669,8 @@ __attribute__((target("avx512f"), always_inline)) static inline void phx512_grou
     __m512i c0[4], c1[4], c2[4], c3[4];
     _Pragma("GCC unroll 4")
     for (int v = 0; v < V; v++) {
-        c0[v] = _mm512_add_epi64(_mm512_set1_epi64((long long)(b + 8u * (unsigned)v)), _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0));
+        c0[v] = _mm512_add_epi64(_mm512_set1_epi64((long long)(b + 8u * (unsigned)v)),
+                                 _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0));
         c1[v] = _mm512_srli_epi64(c0[v], 32);
         c2[v] = c3[v] = _mm512_setzero_si512();
     }
@@ -695,7 +696,8 @@ __attribute__((target("avx512f"), always_inline)) static inline void phx512_grou
         _mm512_storeu_si512(out + 32 * v + 16, _mm512_permutex2var_epi64(A01, HI, A23));
     }
 }
-__attribute__((target("avx512f"))) static void philox_blocks_avx512(uint32_t k0, uint32_t k1, uint64_t b0, uint32_t *out, Py_ssize_t nb)
+__attribute__((target("avx512f"))) static void philox_blocks_avx512(uint32_t k0, uint32_t k1, uint64_t b0,
+                                                                   uint32_t *out, Py_ssize_t nb)
 {
     Py_ssize_t g = 0;
     for (; g + 32 <= nb; g += 32)

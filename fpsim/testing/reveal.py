@@ -448,8 +448,8 @@ def _verify(tree: SumTree, got: np.ndarray, replay: Callable[[SumTree, slice], n
         f"{what} is not a fixed summation tree in {dt.name}: the tree its counts reveal ({tree.describe()}) "
         f"replayed differs from it on {nbad} of {got.size} random inputs (first: it gave {got[k]!r}, the "
         f"replay {plain[k]!r}), also with partial sums in fp64 or products unfused in the prefix kernel, "
-        f"the remainder, the join or the sums of two products. It may order the terms by value, or truncate inside fused multi-term "
-        f"adders; pass verify=0 to get the tree anyway")
+        f"the remainder, the join or the sums of two products. It may order the terms by value, or truncate "
+        f"inside fused multi-term adders; pass verify=0 to get the tree anyway")
 
 
 def _square_probe(dt: np.dtype) -> tuple[float, float]:
